@@ -1,0 +1,31 @@
+"""opforge: build, cache and load PyTorch kernels, ahead of time or just in time.
+
+``opforge.load`` and ``opforge.load_inline`` are drop-ins for
+``torch.utils.cpp_extension.load``/``load_inline`` over a content-addressed cache whose
+warm path is a stat and an import.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .errors import (  # noqa: E402
+    BuildError,
+    CacheError,
+    LockTimeoutError,
+    OpforgeError,
+    ToolchainError,
+    UnsafeCacheError,
+)
+from .build.jit import load, load_inline  # noqa: E402
+
+__all__ = [
+    "load",
+    "load_inline",
+    "BuildError",
+    "CacheError",
+    "LockTimeoutError",
+    "OpforgeError",
+    "ToolchainError",
+    "UnsafeCacheError",
+]

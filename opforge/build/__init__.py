@@ -1,0 +1,1 @@
+"""The build engine: key, cache, lock, compile, and the JIT entry points."""

@@ -1,0 +1,217 @@
+"""The on-disk cache: layout, manifests, safety checks and atomic publish.
+
+Layout under the root (``OPFORGE_CACHE_DIR``, default ``~/.cache/opforge``)::
+
+    <root>/<name>/<key16>-<hdr8>/          one immutable entry
+        <name>.so  manifest.json  build.log
+    <root>/<name>/.build-<cfg16>/          persistent ninja build dir (incremental builds)
+    <root>/<name>/.build-<cfg16>.lock      its lock (flock; dies with its holder)
+    <root>/<name>/.tmp-*  .trash-*         staging and removal, never read as entries
+
+``<key16>`` is the input key (sources' bytes, flags, toolchain, torch, Python, archs);
+``<hdr8>`` is the digest of the headers the compiler reported. An entry is written in a
+temp dir on the same filesystem and renamed into place, so readers see all of it or
+nothing, and it is never modified after that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from ..errors import CacheError, UnsafeCacheError
+from .deps import DepRecord
+from .key import sha256_file
+
+MANIFEST = "manifest.json"
+BUILD_LOG = "build.log"
+MANIFEST_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: str
+
+    def name_dir(self, name: str) -> str:
+        return os.path.join(self.root, name)
+
+    def build_dir(self, name: str, config_key: str) -> str:
+        return os.path.join(self.root, name, f".build-{config_key[:16]}")
+
+    def lock_path(self, name: str, config_key: str) -> str:
+        return os.path.join(self.root, name, f".build-{config_key[:16]}.lock")
+
+    def entry_dir(self, name: str, input_key: str, headers_digest: str) -> str:
+        return os.path.join(self.root, name, f"{input_key[:16]}-{headers_digest[:8]}")
+
+    def candidates(self, name: str, input_key: str) -> list[str]:
+        """Entry dirs published for this input key, newest first (one scandir, no reads)."""
+        prefix = input_key[:16] + "-"
+        try:
+            with os.scandir(self.name_dir(name)) as it:
+                found = [(e.stat(follow_symlinks=False).st_mtime_ns, e.path) for e in it if e.name.startswith(prefix)]
+        except FileNotFoundError:
+            return []
+        return [p for _, p in sorted(found, reverse=True)]
+
+
+@dataclass
+class Entry:
+    path: str
+    manifest: dict = field(repr=False)
+
+    @property
+    def binary(self) -> str:
+        return os.path.join(self.path, self.manifest["binary"])
+
+    @property
+    def deps(self) -> list[DepRecord]:
+        return [DepRecord(**d) for d in self.manifest["deps"]]
+
+
+def cache_hint(root: str) -> str:
+    return f"set OPFORGE_CACHE_DIR to a directory you can write (now {root})"
+
+
+def ensure_dir(path: str, root: str) -> None:
+    """Create ``path`` (and parents) with mode 0700; errors name OPFORGE_CACHE_DIR."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise CacheError(f"cannot create cache directory {path}: {exc.strerror or exc}; {cache_hint(root)}") from exc
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise CacheError(f"cache directory {path} is not writable; {cache_hint(root)}")
+
+
+def check_safe(path: str) -> os.stat_result:
+    """Refuse a path that is a symlink, owned by another user, or writable by group/others."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeCacheError(
+            f"refusing to load from {path}: it is a symbolic link (cache entries are never links). "
+            f"Remove it (`rm {path}`) and load again to rebuild."
+        )
+    if st.st_uid != os.geteuid():
+        raise UnsafeCacheError(
+            f"refusing to load from {path}: it is owned by uid {st.st_uid}, not you (uid {os.geteuid()}). "
+            f"Use your own cache (OPFORGE_CACHE_DIR) or remove it: `rm -r {path}`."
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeCacheError(
+            f"refusing to load from {path}: it is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}), "
+            f"so anyone could swap the binary. Fix it with `chmod go-w {path}`."
+        )
+    return st
+
+
+def read_manifest(entry_dir: str) -> dict | None:
+    """The entry's manifest, or None when it is missing, truncated or not ours."""
+    try:
+        with open(os.path.join(entry_dir, MANIFEST), encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    needed = ("format", "key", "binary", "binary_sha256", "binary_size", "binary_mtime_ns", "deps")
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or any(k not in data for k in needed):
+        return None
+    return data
+
+
+def binary_state(entry: Entry, full_hash: bool = False) -> str:
+    """'ok', 'missing' or 'corrupt'. Stat first; hash only when the stat moved (or asked)."""
+    m = entry.manifest
+    try:
+        st = os.stat(entry.binary)
+    except OSError:
+        return "missing"
+    if st.st_size != m["binary_size"]:
+        return "corrupt"
+    if not full_hash and st.st_mtime_ns == m["binary_mtime_ns"]:
+        return "ok"
+    return "ok" if sha256_file(entry.binary) == m["binary_sha256"] else "corrupt"
+
+
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish(
+    layout: Layout,
+    name: str,
+    input_key: str,
+    headers_digest: str,
+    binary_src: str,
+    binary_name: str,
+    manifest: dict,
+    log_text: str,
+) -> Entry:
+    """Copy a built binary into a new entry and rename it into place atomically."""
+    name_dir = layout.name_dir(name)
+    final = layout.entry_dir(name, input_key, headers_digest)
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=name_dir)
+    try:
+        os.chmod(tmp, 0o700)
+        dst = os.path.join(tmp, binary_name)
+        shutil.copyfile(binary_src, dst)
+        os.chmod(dst, 0o755 if manifest.get("kind") == "executable" else 0o644)
+        _fsync_file(dst)
+        st = os.stat(dst)
+        manifest = dict(
+            manifest,
+            format=MANIFEST_FORMAT,
+            binary=binary_name,
+            binary_sha256=sha256_file(dst),
+            binary_size=st.st_size,
+            binary_mtime_ns=st.st_mtime_ns,
+        )
+        with open(os.path.join(tmp, BUILD_LOG), "w", encoding="utf-8") as f:
+            f.write(log_text)
+        mpath = os.path.join(tmp, MANIFEST)
+        with open(mpath, "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        if os.path.lexists(final):
+            discard(final)  # a corrupt or unreadable entry under the same name
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Entry(final, manifest)
+
+
+def discard(path: str) -> None:
+    """Remove an entry or dir: rename it out of the way first, so no reader sees it half-deleted."""
+    parent = os.path.dirname(path)
+    trash = os.path.join(parent, f".trash-{uuid.uuid4().hex[:12]}")
+    try:
+        os.rename(path, trash)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def sweep_stale(name_dir: str, older_than_s: float = 3600.0) -> None:
+    """Remove ``.tmp-*``/``.trash-*`` left by killed processes (old ones only: a live one may be writing)."""
+    now = time.time()
+    try:
+        with os.scandir(name_dir) as it:
+            stale = [
+                e.path
+                for e in it
+                if e.name.startswith((".tmp-", ".trash-")) and now - e.stat(follow_symlinks=False).st_mtime > older_than_s
+            ]
+    except FileNotFoundError:
+        return
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,216 @@
+"""Ninja-driven compile and link of C++/CUDA sources.
+
+``build()`` writes ``build.ninja`` into a persistent build dir and runs ninja there, so a
+rebuild after an edit recompiles only the translation units whose inputs changed. Ninja
+decides by mtimes; to be safe against edits that keep an old mtime (``cp -p``, some
+checkouts), ``deps-state.json`` remembers the (size, mtime) of every input of every
+object, and an object whose inputs moved in any direction is deleted before ninja runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass
+
+from ninja.ninja_syntax import Writer, escape_path
+
+from ..errors import BuildError
+from .deps import parse_ninja_deps
+from .flags import Flags
+from .key import BuildSpec, is_cuda_file
+from .progress import _Progress
+
+NINJA_FILE = "build.ninja"
+LOG_FILE = "build.log"
+STATE_FILE = "deps-state.json"
+_STATUS_RE = re.compile(r"^\[(\d+)/(\d+)\] ")
+_ERROR_RE = re.compile(r"(\berror\b|\bError\b|undefined reference|FAILED:|fatal)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    binary: str
+    log: str
+    deps: dict[str, list[str]]
+    """Object -> the files the compiler read for it (from ninja's deps log)."""
+    commands: dict[str, str]
+
+
+def object_names(sources: tuple[str, ...], with_cuda: bool) -> list[str]:
+    """One object per source; names made unique when two sources share a basename.
+
+    >>> object_names(("/a/x.cpp", "/b/x.cpp", "/a/k.cu"), True)
+    ['x.o', 'x-1.o', 'k.cuda.o']
+    """
+    seen: dict[str, int] = {}
+    names = []
+    for src in sources:
+        stem = os.path.splitext(os.path.basename(src))[0]
+        suffix = ".cuda.o" if with_cuda and is_cuda_file(src) else ".o"
+        n = seen.get(stem + suffix, 0)
+        seen[stem + suffix] = n + 1
+        names.append(f"{stem}{'' if n == 0 else f'-{n}'}{suffix}")
+    return names
+
+
+def _quote(args) -> str:
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def write_ninja(path: str, spec: BuildSpec, flags: Flags, cxx_argv: list[str], nvcc_argv: list[str] | None,
+                nvcc_gen_deps: bool) -> dict[str, str]:
+    """Write build.ninja (only when it changed, to keep ninja's state). Returns object -> source."""
+    objects = object_names(spec.sources, spec.with_cuda)
+    lines = []
+    w = Writer(_Lines(lines), width=4096)
+    w.variable("ninja_required_version", "1.3")
+    w.variable("cxx", _quote(cxx_argv))
+    w.variable("cflags", _quote(flags.cflags))
+    w.variable("ldflags", _quote(flags.ldflags))
+    w.rule("compile", "$cxx -MMD -MF $out.d $cflags -c $in -o $out", depfile="$out.d", deps="gcc",
+           description="compile $in")
+    if spec.with_cuda:
+        w.variable("nvcc", _quote(nvcc_argv))
+        w.variable("cuda_cflags", _quote(flags.cuda_cflags))
+        gen = "-MD -MF $out.d " if nvcc_gen_deps else ""
+        w.rule("cuda_compile", f"$nvcc {gen}$cuda_cflags -c $in -o $out",
+               depfile="$out.d" if nvcc_gen_deps else None, deps="gcc" if nvcc_gen_deps else None,
+               description="nvcc $in")
+    w.rule("link", "$cxx $in $ldflags -o $out", description="link $out")
+    mapping = {}
+    for src, obj in zip(spec.sources, objects):
+        rule = "cuda_compile" if spec.with_cuda and is_cuda_file(src) else "compile"
+        w.build(escape_path(obj), rule, escape_path(src))
+        mapping[obj] = src
+    w.build(escape_path(spec.binary_name), "link", [escape_path(o) for o in objects])
+    w.default(escape_path(spec.binary_name))
+    content = "\n".join(lines) + "\n"
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read() == content:
+                return mapping
+    except FileNotFoundError:
+        pass
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(content)
+    os.replace(path + ".tmp", path)
+    return mapping
+
+
+class _Lines:
+    """A file-like sink for ninja_syntax.Writer that collects lines."""
+
+    def __init__(self, lines: list[str]):
+        self.lines = lines
+        self._buf = ""
+
+    def write(self, text: str) -> None:
+        self._buf += text
+        *done, self._buf = self._buf.split("\n")
+        self.lines.extend(done)
+
+
+def invalidate_moved_objects(build_dir: str) -> list[str]:
+    """Delete objects whose recorded inputs changed size or mtime since they were built."""
+    try:
+        with open(os.path.join(build_dir, STATE_FILE), encoding="utf-8") as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return []
+    removed = []
+    for obj, inputs in state.items():
+        for path, size, mtime_ns in inputs:
+            try:
+                st = os.stat(path)
+                moved = st.st_size != size or st.st_mtime_ns != mtime_ns
+            except OSError:
+                moved = True
+            if moved:
+                try:
+                    os.unlink(os.path.join(build_dir, obj))
+                    removed.append(obj)
+                except FileNotFoundError:
+                    pass
+                break
+    return removed
+
+
+def save_state(build_dir: str, deps: dict[str, list[str]]) -> None:
+    state = {}
+    for obj, inputs in deps.items():
+        rows = []
+        for path in inputs:
+            try:
+                st = os.stat(path)
+                rows.append([path, st.st_size, st.st_mtime_ns])
+            except OSError:
+                continue
+        state[obj] = rows
+    tmp = os.path.join(build_dir, STATE_FILE + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(state, f)
+    os.replace(tmp, os.path.join(build_dir, STATE_FILE))
+
+
+def error_excerpt(log: str, max_lines: int = 25) -> str:
+    """The first compiler errors in a build log, for the exception message."""
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        if _ERROR_RE.search(line) and not line.startswith("["):
+            start = i
+            # Keep the 'In file included from' / 'In function' context just above.
+            while start > 0 and i - start < 4 and lines[start - 1].strip() and not lines[start - 1].startswith("["):
+                start -= 1
+            return "\n".join(lines[start : start + max_lines])
+    return "\n".join(lines[-max_lines:])
+
+
+def run_ninja(ninja: str, build_dir: str, spec: BuildSpec, max_jobs: int | None, env: dict[str, str],
+              progress: _Progress) -> BuildResult:
+    """Run ninja; return the binary and the deps, or raise BuildError with the first errors."""
+    log_path = os.path.join(build_dir, LOG_FILE)
+    invalidate_moved_objects(build_dir)
+    cmd = [ninja, "-v"]
+    if max_jobs:
+        cmd += ["-j", str(max_jobs)]
+    env = dict(env, NINJA_STATUS="[%f/%t] ")
+    out_lines: list[str] = []
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(cmd, cwd=build_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace", env=env)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            out_lines.append(line.rstrip("\n"))
+            m = _STATUS_RE.match(line)
+            if m:
+                progress.step(_describe_step(line[m.end():], m.group(1), m.group(2)))
+            progress.line(line.rstrip("\n"))
+        rc = proc.wait()
+    text = "\n".join(out_lines)
+    if rc != 0:
+        excerpt = error_excerpt(text)
+        raise BuildError(
+            f"building extension {spec.name!r} failed (ninja exit {rc}). First errors:\n{excerpt}\n"
+            f"Full log: {log_path}\nNothing was cached; the next load() builds again.",
+            log_path=log_path,
+            excerpt=excerpt,
+        )
+    deps_out = subprocess.run([ninja, "-t", "deps"], cwd=build_dir, capture_output=True, text=True, env=env)
+    deps = parse_ninja_deps(deps_out.stdout)
+    deps = {obj: [os.path.abspath(os.path.join(build_dir, p)) for p in paths] for obj, paths in deps.items()}
+    save_state(build_dir, deps)
+    return BuildResult(os.path.join(build_dir, spec.binary_name), text, deps, {})
+
+
+def _describe_step(command: str, done: str, total: str) -> str:
+    words = command.split()
+    target = next((w for w in reversed(words) if w.endswith((".cpp", ".cu", ".cc", ".cxx", ".c"))), None)
+    if target is None and "-o" in words:
+        target = words[words.index("-o") + 1]
+    name = os.path.basename(target) if target else "…"
+    return f"{done}/{total} {name}"

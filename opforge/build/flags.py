@@ -1,0 +1,135 @@
+"""Compile and link flags, derived the way torch's JIT derives them.
+
+Include and library paths come from torch's public ``cpp_extension.include_paths`` /
+``library_paths``; nvcc's common flags from its public ``COMMON_NVCC_FLAGS``. The CUDA
+arch flags come from torch's private ``_get_cuda_arch_flags`` when it exists, else from
+:func:`fallback_cuda_arch_flags` (tested to agree with it). Only the cold path imports
+``torch.utils.cpp_extension`` (about 80 ms).
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+from dataclasses import dataclass
+
+from ..settings import Settings
+from .key import BuildSpec
+from .toolchain import default_cxx_std
+
+_NAMED_ARCHS = {"Ampere": "8.0;8.6+PTX", "Ada": "8.9+PTX", "Hopper": "9.0+PTX", "Turing": "7.5+PTX", "Volta": "7.0+PTX"}
+
+
+@dataclass(frozen=True)
+class Flags:
+    cflags: tuple[str, ...]
+    cuda_cflags: tuple[str, ...]
+    ldflags: tuple[str, ...]
+
+
+def fallback_cuda_arch_flags(arch_list: str | None, capabilities: list[tuple[int, int]]) -> list[str]:
+    """``-gencode`` flags for a ``TORCH_CUDA_ARCH_LIST`` (or the visible GPUs), as torch makes them.
+
+    >>> fallback_cuda_arch_flags("8.0;9.0+PTX", [])
+    ['-gencode=arch=compute_80,code=sm_80', '-gencode=arch=compute_90,code=compute_90', '-gencode=arch=compute_90,code=sm_90']
+    """
+    if arch_list and arch_list != "native":
+        text = arch_list.replace(" ", ";")
+        for named, value in _NAMED_ARCHS.items():
+            text = text.replace(named, value)
+        archs = [a for a in text.split(";") if a]
+    else:
+        archs = sorted({f"{a}.{b}" for a, b in capabilities})
+        if not archs:
+            raise ValueError("no GPU is visible and TORCH_CUDA_ARCH_LIST is not set: set it, e.g. TORCH_CUDA_ARCH_LIST=9.0")
+        archs[-1] += "+PTX"
+    flags = set()
+    for arch in archs:
+        version = arch.split("+")[0]
+        if "." not in version:
+            raise ValueError(f"Unknown CUDA arch ({arch}) in TORCH_CUDA_ARCH_LIST: use forms like 8.0, 9.0a or 9.0+PTX")
+        num = version.replace(".", "")
+        flags.add(f"-gencode=arch=compute_{num},code=sm_{num}")
+        if arch.endswith("+PTX"):
+            flags.add(f"-gencode=arch=compute_{num},code=compute_{num}")
+    return sorted(flags)
+
+
+def cuda_arch_flags(extra_cuda_cflags: tuple[str, ...], settings: Settings) -> list[str]:
+    from torch.utils import cpp_extension
+
+    private = getattr(cpp_extension, "_get_cuda_arch_flags", None)
+    if private is not None:
+        try:
+            return list(private(list(extra_cuda_cflags)))
+        except TypeError:
+            pass
+    if any("arch" in f for f in extra_cuda_cflags):
+        return []
+    import torch
+
+    caps = [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
+    return fallback_cuda_arch_flags(settings.cuda_arch_list, caps)
+
+
+def derive(spec: BuildSpec, settings: Settings, cuda_home: str | None) -> Flags:
+    """All the flags of a build: torch's defaults plus the user's extras."""
+    from torch.utils import cpp_extension
+
+    device = "cuda" if spec.with_cuda else "cpu"
+    system_includes = list(cpp_extension.include_paths(device))
+    py_include = sysconfig.get_path("include", scheme="posix_prefix")
+    if py_include:
+        system_includes.append(py_include)
+    common = []
+    if not spec.is_standalone:
+        common += [f"-DTORCH_EXTENSION_NAME={spec.name}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+    common += [f"-D_GLIBCXX_USE_CXX11_ABI={int(spec.torch.cxx11_abi)}"]
+    common += [f"-I{p}" for p in spec.extra_include_paths]
+    common += [f"-isystem{p}" for p in system_includes]
+
+    std = default_cxx_std(spec.torch.version)
+    cflags = common + ["-fPIC", std, *spec.extra_cflags]
+
+    cuda_cflags: list[str] = []
+    if spec.with_cuda:
+        cuda_cflags = common + list(cpp_extension.COMMON_NVCC_FLAGS)
+        cuda_cflags += cuda_arch_flags(spec.extra_cuda_cflags, settings)
+        cuda_cflags += ["--compiler-options", "-fPIC", *spec.extra_cuda_cflags]
+        if not any(f.startswith("-std=") for f in cuda_cflags):
+            cuda_cflags.append(std)
+        if settings.cc:
+            cuda_cflags = ["-ccbin", settings.cc, *cuda_cflags]
+
+    torch_lib = os.path.join(spec.torch.root, "lib")
+    ldflags = [] if spec.is_standalone else ["-shared"]
+    ldflags += list(spec.extra_ldflags)
+    ldflags += [f"-L{torch_lib}", "-lc10"]
+    if spec.with_cuda:
+        ldflags.append("-lc10_cuda")
+    ldflags.append("-ltorch_cpu")
+    if spec.with_cuda:
+        ldflags.append("-ltorch_cuda")
+    ldflags.append("-ltorch")
+    if spec.is_standalone:
+        ldflags.append(f"-Wl,-rpath,{torch_lib}")
+    else:
+        ldflags.append("-ltorch_python")
+    if spec.with_cuda and cuda_home:
+        lib = os.path.join(cuda_home, "lib64")
+        if not os.path.isdir(lib) and os.path.isdir(os.path.join(cuda_home, "lib")):
+            lib = os.path.join(cuda_home, "lib")
+        ldflags += [f"-L{lib}", "-lcudart"]
+    return Flags(tuple(cflags), tuple(cuda_cflags), tuple(ldflags))
+
+
+def system_prefixes(spec: BuildSpec, cuda_home: str | None) -> list[str]:
+    """Directories whose headers the key covers already (torch, Python, CUDA, the OS)."""
+    prefixes = [os.path.join(spec.torch.root, "include"), "/usr/include", "/usr/lib/gcc", "/usr/lib/llvm"]
+    py_include = sysconfig.get_path("include", scheme="posix_prefix")
+    if py_include:
+        prefixes.append(py_include)
+    if cuda_home:
+        prefixes.append(os.path.realpath(cuda_home))
+        prefixes.append(cuda_home)
+    return prefixes

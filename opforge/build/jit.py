@@ -1,0 +1,350 @@
+"""``load()`` / ``load_inline()``: drop-ins for torch's, over a content-addressed cache.
+
+Warm path (no subprocess, no ninja, no compiler)::
+
+    key = hash(sources' bytes, flags, toolchain identity, torch, Python, archs)
+    for each entry published under the key: manifest -> stat deps -> stat binary -> import
+
+Cold path::
+
+    lock (flock) -> look again -> ninja in the persistent build dir -> record deps ->
+    copy into a temp dir -> manifest -> rename into place -> unlock -> import
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import threading
+import time
+from types import ModuleType
+
+from .. import settings as settings_mod
+from ..errors import BuildError
+from . import cache, deps as deps_mod, toolchain
+from .cache import Entry, Layout
+from .key import BuildSpec, check_name, make_spec
+from .progress import Reporter
+
+# The cold path's modules (ninja, filelock, torch's cpp_extension) are imported when a
+# build starts, so that a warm load imports only what it needs.
+
+#: binary path -> what load() returned for it, so a second load() in a process is a dict hit.
+_LOADED: dict[str, object] = {}
+_LOADED_LOCK = threading.RLock()
+
+
+def load(
+    name,
+    sources,
+    extra_cflags=None,
+    extra_cuda_cflags=None,
+    extra_ldflags=None,
+    extra_include_paths=None,
+    build_directory=None,
+    verbose=False,
+    with_cuda=None,
+    is_python_module=True,
+    is_standalone=False,
+    keep_intermediates=True,
+):
+    """Build (or fetch from the cache) and load a C++/CUDA extension. Same arguments and
+    return values as ``torch.utils.cpp_extension.load``:
+
+    * ``is_python_module=True``: the imported module;
+    * ``is_python_module=False``: the library is loaded into the process (for
+      ``TORCH_LIBRARY`` registrations) and its path is returned;
+    * ``is_standalone=True``: the path of the built executable.
+
+    ``build_directory`` is where ninja runs (default: a persistent dir in the cache).
+    ``keep_intermediates`` only matters to torch's HIP path and is accepted for compatibility.
+    """
+    del keep_intermediates
+    s = settings_mod.current()
+    spec = make_spec(s, name, sources, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths,
+                     with_cuda, is_python_module, is_standalone)
+    return load_spec(spec, s, build_directory, Reporter(bool(verbose) or s.verbose))
+
+
+def load_spec(spec: BuildSpec, s: settings_mod.Settings, build_directory: str | None, reporter: Reporter):
+    layout = Layout(s.cache_dir)
+    entry = find_entry(layout, spec, reporter)
+    if entry is not None:
+        result = _import(entry, spec, reporter)
+        if result is not None:
+            return result
+    entry = _build(layout, spec, s, build_directory, reporter)
+    result = _import(entry, spec, reporter)
+    if result is None:
+        raise BuildError(f"the freshly built {entry.binary} could not be read back; see {entry.path}/build.log")
+    return result
+
+
+def find_entry(layout: Layout, spec: BuildSpec, reporter: Reporter, corrupt: list | None = None) -> Entry | None:
+    """The warm path: a published entry whose recorded inputs all still hold, else None."""
+    if spec.cxx is None:
+        candidates = _portable_candidates(layout, spec)
+    else:
+        candidates = layout.candidates(spec.name, spec.input_key)
+    if not candidates:
+        return None
+    cache.check_safe(layout.name_dir(spec.name))
+    for path in candidates:
+        manifest = cache.read_manifest(path)
+        if manifest is None:
+            reporter.notice(f"cache entry {path} has a missing or corrupt manifest; rebuilding")
+            if corrupt is not None:
+                corrupt.append(path)
+            continue
+        if spec.cxx is not None and manifest["key"] != spec.input_key:
+            continue
+        entry = Entry(path, manifest)
+        changed = deps_mod.check(entry.deps)
+        if changed:
+            reporter.info(f"{path} is stale: {', '.join(changed[:3])} changed")
+            continue
+        cache.check_safe(path)
+        if os.path.lexists(entry.binary):
+            cache.check_safe(entry.binary)
+        state = cache.binary_state(entry)
+        if state != "ok":
+            reporter.notice(f"cached binary {entry.binary} is {state} (sha256 mismatch with its manifest); rebuilding")
+            if corrupt is not None:
+                corrupt.append(path)
+            continue
+        return entry
+    return None
+
+
+def _portable_candidates(layout: Layout, spec: BuildSpec) -> list[str]:
+    """With no compiler here, entries built elsewhere for the same inputs (any toolchain)."""
+    name_dir = layout.name_dir(spec.name)
+    try:
+        names = [n for n in os.listdir(name_dir) if not n.startswith(".")]
+    except FileNotFoundError:
+        return []
+    wanted = spec.portable_key
+    found = []
+    for n in names:
+        m = cache.read_manifest(os.path.join(name_dir, n))
+        if m is not None and m.get("portable_key") == wanted:
+            found.append((m.get("built_at", 0), os.path.join(name_dir, n)))
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def _import(entry: Entry, spec: BuildSpec, reporter: Reporter):
+    """Load the entry's binary. None when it turns out to be corrupt (the caller rebuilds)."""
+    path = entry.binary
+    with _LOADED_LOCK:
+        if path in _LOADED:
+            return _LOADED[path]
+        try:
+            if spec.is_standalone:
+                result: object = path
+            elif spec.is_python_module:
+                module_spec = importlib.util.spec_from_file_location(spec.name, path)
+                if module_spec is None or module_spec.loader is None:
+                    raise ImportError(f"cannot import {path}")
+                module: ModuleType = importlib.util.module_from_spec(module_spec)
+                module_spec.loader.exec_module(module)
+                result = module
+            else:
+                import torch
+
+                torch.ops.load_library(path)
+                result = path
+        except (ImportError, OSError):
+            if cache.binary_state(entry, full_hash=True) != "ok":
+                reporter.notice(f"cached binary {path} is corrupt or gone; rebuilding")
+                return None
+            raise
+        _LOADED[path] = result
+        return result
+
+
+def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_directory: str | None,
+           reporter: Reporter) -> Entry:
+    """The cold path, under the build lock."""
+    from .lock import BuildLock
+
+    cxx = toolchain.cxx(s)  # raises a ToolchainError that names CXX when there is no compiler
+    if spec.with_cuda:
+        toolchain.nvcc(s)
+    ninja = toolchain.ninja()
+    name_dir = layout.name_dir(spec.name)
+    cache.ensure_dir(layout.root, layout.root)
+    cache.ensure_dir(name_dir, layout.root)
+    cache.check_safe(name_dir)
+    if build_directory:
+        build_dir = os.path.abspath(build_directory)
+        lock_path = os.path.join(build_dir, ".opforge.lock")
+        os.makedirs(build_dir, mode=0o700, exist_ok=True)
+    else:
+        build_dir = layout.build_dir(spec.name, spec.config_key)
+        lock_path = layout.lock_path(spec.name, spec.config_key)
+    with BuildLock(lock_path, spec.name, s.lock_timeout, reporter.notice) as lock:
+        corrupt: list[str] = []
+        entry = find_entry(layout, spec, reporter, corrupt)
+        if entry is not None:
+            return entry  # another process built it while we waited
+        for path in corrupt:
+            cache.discard(path)
+        if lock.previous is not None:
+            reporter.notice(
+                f"the previous build of {spec.name} (pid {lock.previous.pid} on {lock.previous.host}) "
+                "was interrupted; building from a clean build directory"
+            )
+            _clean_build_dir(build_dir, own=not build_directory)
+        cache.sweep_stale(name_dir)
+        cache.ensure_dir(build_dir, layout.root)
+        return _compile_and_publish(layout, spec, s, cxx, ninja, build_dir, reporter)
+
+
+def _clean_build_dir(build_dir: str, own: bool) -> None:
+    from . import compile as compile_mod
+
+    if own:
+        cache.discard(build_dir)
+        return
+    # A user's build_directory: remove only what ninja and opforge put there.
+    for n in (".ninja_log", ".ninja_deps", compile_mod.NINJA_FILE, compile_mod.STATE_FILE):
+        try:
+            os.unlink(os.path.join(build_dir, n))
+        except FileNotFoundError:
+            pass
+
+
+def _compile_and_publish(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, cxx: toolchain.Tool,
+                         ninja: str, build_dir: str, reporter: Reporter) -> Entry:
+    from . import compile as compile_mod, flags as flags_mod
+
+    home = toolchain.cuda_home(s) if spec.with_cuda else None
+    flags = flags_mod.derive(spec, s, home)
+    ccache = toolchain.ccache(s)
+    cxx_argv = ([ccache] if ccache else []) + list(cxx.argv)
+    nvcc_argv = list(toolchain.nvcc(s).argv) if spec.with_cuda else None
+    compile_mod.write_ninja(os.path.join(build_dir, compile_mod.NINJA_FILE), spec, flags, cxx_argv, nvcc_argv,
+                            s.nvcc_gen_deps)
+    started = time.time()
+    with reporter.building(spec.name, len(spec.sources)) as progress:
+        result = compile_mod.run_ninja(ninja, build_dir, spec, s.max_jobs, settings_mod.subprocess_env(s), progress)
+    took = time.time() - started
+
+    # What the binary was built from: the sources, plus every header the compiler read
+    # outside torch, Python, CUDA and the OS (those are covered by the key).
+    system = flags_mod.system_prefixes(spec, home)
+    paths = dict.fromkeys(spec.sources)
+    for obj_inputs in result.deps.values():
+        for p in obj_inputs:
+            if not deps_mod.is_system_path(p, system):
+                paths[p] = None
+    records = [deps_mod.DepRecord.of(p) for p in paths]
+    for rec, digest in zip(records, spec.source_digests):
+        if rec.sha256 != digest:
+            raise BuildError(f"{rec.path} changed while {spec.name} was building; nothing was cached. Load again.")
+    headers = deps_mod.headers_digest(records, spec.sources)
+    manifest = {
+        "name": spec.name,
+        "kind": spec.kind,
+        "key": spec.input_key,
+        "portable_key": spec.portable_key,
+        "config_key": spec.config_key,
+        "headers_digest": headers,
+        "deps": [r.to_json() for r in records],
+        "inputs": spec.describe(),
+        "flags": {"cflags": flags.cflags, "cuda_cflags": flags.cuda_cflags, "ldflags": flags.ldflags},
+        "compiler": toolchain.probe_version(cxx.argv),
+        "nvcc": toolchain.probe_version(nvcc_argv) if nvcc_argv else None,
+        "ccache": ccache,
+        "torch": spec.torch.version,
+        "cuda": spec.torch.cuda,
+        "built_at": time.time(),
+        "build_seconds": round(took, 3),
+        "host": socket.gethostname(),
+    }
+    entry = cache.publish(layout, spec.name, spec.input_key, headers, result.binary, spec.binary_name, manifest,
+                          result.log)
+    reporter.info(f"cached {spec.name} at {entry.path}")
+    return entry
+
+
+def load_inline(
+    name,
+    cpp_sources,
+    cuda_sources=None,
+    functions=None,
+    extra_cflags=None,
+    extra_cuda_cflags=None,
+    extra_ldflags=None,
+    extra_include_paths=None,
+    build_directory=None,
+    verbose=False,
+    with_cuda=None,
+    is_python_module=True,
+    with_pytorch_error_handling=True,
+    keep_intermediates=True,
+    no_implicit_headers=False,
+):
+    """Like ``torch.utils.cpp_extension.load_inline``: sources as strings, optional
+    pybind11 bindings generated for ``functions``. The generated files live in a
+    content-addressed directory of the cache (or in ``build_directory``)."""
+    check_name(name)
+    s = settings_mod.current()
+    cpp_list = [cpp_sources] if isinstance(cpp_sources, str) else list(cpp_sources or [])
+    cuda_list = [cuda_sources] if isinstance(cuda_sources, str) else list(cuda_sources or [])
+    if not cpp_list and not cuda_list:
+        raise ValueError(f"extension {name!r}: cpp_sources is empty; pass the C++ source text")
+    if not no_implicit_headers:
+        cpp_list.insert(0, "#include <torch/extension.h>")
+    if functions is not None:
+        if isinstance(functions, str):
+            functions = [functions]
+        if isinstance(functions, (list, tuple)):
+            functions = {f: f for f in functions}
+        if not isinstance(functions, dict):
+            raise ValueError(f"'functions' must be a list or dict of function names, not {type(functions).__name__}")
+        defs = ["PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {"]
+        for fn, doc in functions.items():
+            wrapped = f"torch::wrap_pybind_function({fn})" if with_pytorch_error_handling else fn
+            defs.append(f'm.def("{fn}", {wrapped}, "{doc}");')
+        defs.append("}")
+        cpp_list += defs
+    files = {"main.cpp": "\n".join(cpp_list)}
+    if cuda_list:
+        if not no_implicit_headers:
+            cuda_list[:0] = ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"]
+        files["cuda.cu"] = "\n".join(cuda_list)
+
+    if build_directory:
+        src_dir = os.path.abspath(build_directory)
+    else:
+        from .key import digest
+
+        layout = Layout(s.cache_dir)
+        cache.ensure_dir(layout.root, layout.root)
+        cache.ensure_dir(layout.name_dir(name), layout.root)
+        src_dir = os.path.join(layout.name_dir(name), ".src-" + digest(files)[:16])
+    os.makedirs(src_dir, mode=0o700, exist_ok=True)
+    paths = []
+    for fname, text in files.items():
+        path = os.path.join(src_dir, fname)
+        _write_if_changed(path, text)
+        paths.append(path)
+    return load(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths, build_directory,
+                verbose, with_cuda, is_python_module, False, keep_intermediates)
+
+
+def _write_if_changed(path: str, text: str) -> None:
+    """Atomically write ``text`` unless the file already holds it (keeps mtimes, so no rebuild)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text:
+                return
+    except FileNotFoundError:
+        pass
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+

@@ -1,0 +1,209 @@
+"""Facts about the tools a build uses: compilers, nvcc, ninja, torch, Python.
+
+Two speeds:
+
+* ``*_identity()`` is for the warm path. It finds the tool and stats it: no subprocess.
+  A compiler upgrade replaces the binary, which changes its (size, mtime), so the
+  identity changes and so does the build key.
+* ``probe_version()`` runs ``TOOL --version``; only the cold path calls it, and the
+  result goes into the manifest for people to read.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import importlib.machinery
+from dataclasses import dataclass
+
+from ..errors import ToolchainError
+from ..settings import Settings
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool found on this machine."""
+
+    argv: tuple[str, ...]
+    """The command to run it with (``CXX`` may hold a wrapper and arguments)."""
+    path: str
+    """The real path of the executable."""
+    size: int
+    mtime_ns: int
+
+    @property
+    def identity(self) -> str:
+        return f"{self.path}:{self.size}:{self.mtime_ns}"
+
+
+def _resolve(argv: list[str], path_env: str) -> Tool | None:
+    exe = argv[0]
+    found = exe if os.sep in exe and os.access(exe, os.X_OK) else shutil.which(exe, path=path_env)
+    if not found:
+        return None
+    real = os.path.realpath(found)
+    st = os.stat(real)
+    return Tool(argv=(found, *argv[1:]), path=real, size=st.st_size, mtime_ns=st.st_mtime_ns)
+
+
+def find_cxx(settings: Settings) -> Tool | None:
+    """The C++ compiler (``$CXX``, else ``c++``, as torch does), or None when there is none."""
+    argv = shlex.split(settings.cxx or "c++")
+    return _resolve(argv, settings.path) if argv else None
+
+
+def cxx(settings: Settings) -> Tool:
+    """The C++ compiler, or a ToolchainError that says how to get one."""
+    command = settings.cxx or "c++"
+    tool = find_cxx(settings)
+    if tool is None:
+        how = (
+            f"CXX={command!r} does not name a compiler on PATH; fix CXX or unset it"
+            if settings.cxx
+            else "install one (e.g. `apt-get install g++`) or point CXX at a compiler, e.g. CXX=/usr/bin/g++"
+        )
+        raise ToolchainError(f"C++ compiler {command!r} not found: {how}.")
+    return tool
+
+
+def cuda_home(settings: Settings) -> str | None:
+    """The CUDA toolkit, found the way torch finds it: CUDA_HOME/CUDA_PATH, nvcc on PATH, /usr/local/cuda."""
+    if settings.cuda_home:
+        return settings.cuda_home
+    nvcc = shutil.which("nvcc", path=settings.path)
+    if nvcc:
+        return os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+    return "/usr/local/cuda" if os.path.isdir("/usr/local/cuda") else None
+
+
+def find_nvcc(settings: Settings) -> Tool | None:
+    try:
+        return nvcc(settings)
+    except ToolchainError:
+        return None
+
+
+def nvcc(settings: Settings) -> Tool:
+    """nvcc: ``$PYTORCH_NVCC``, else ``$CUDA_HOME/bin/nvcc``, as torch does."""
+    if settings.pytorch_nvcc:
+        tool = _resolve(shlex.split(settings.pytorch_nvcc), settings.path)
+        if tool is None:
+            raise ToolchainError(f"PYTORCH_NVCC={settings.pytorch_nvcc!r} is not an executable; fix or unset it.")
+        return tool
+    home = cuda_home(settings)
+    candidate = os.path.join(home, "bin", "nvcc") if home else None
+    tool = _resolve([candidate], settings.path) if candidate and os.path.exists(candidate) else None
+    if tool is None:
+        where = f"{candidate} does not exist" if candidate else "no CUDA toolkit was found"
+        raise ToolchainError(
+            f"CUDA sources need nvcc, but {where}. Install the CUDA toolkit and set CUDA_HOME "
+            "to it (e.g. CUDA_HOME=/usr/local/cuda), or drop the .cu sources."
+        )
+    return tool
+
+
+def ccache(settings: Settings) -> str | None:
+    """ccache, when ``OPFORGE_CCACHE`` allows it and it is installed."""
+    choice = settings.ccache
+    if choice.lower() in ("0", "off", "no", "false", ""):
+        return None
+    if choice.lower() in ("auto", "1", "on", "yes", "true"):
+        return shutil.which("ccache", path=settings.path)
+    return choice if os.access(choice, os.X_OK) else None
+
+
+def ninja() -> str:
+    """The ninja executable: the PyPI package's first, else one on PATH."""
+    try:
+        import ninja as ninja_pkg
+
+        candidate = os.path.join(ninja_pkg.BIN_DIR, "ninja")
+        if os.access(candidate, os.X_OK):
+            return candidate
+    except ImportError:
+        pass
+    found = shutil.which("ninja")
+    if not found:
+        raise ToolchainError("ninja is required to build extensions: `pip install ninja`.")
+    return found
+
+
+def probe_version(argv: tuple[str, ...] | list[str]) -> str:
+    """First line of ``TOOL --version`` (cold path only)."""
+    try:
+        out = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ToolchainError(f"could not run {' '.join(argv)} --version: {exc}") from exc
+    lines = [ln for ln in (out.stdout or out.stderr).splitlines() if ln.strip()]
+    if out.returncode != 0 or not lines:
+        raise ToolchainError(f"{' '.join(argv)} --version failed (exit {out.returncode}): {out.stderr.strip()[:300]}")
+    # nvcc prints a banner; its last line holds the release.
+    return lines[-1].strip() if "nvcc" in argv[0] else lines[0].strip()
+
+
+@dataclass(frozen=True)
+class TorchFacts:
+    """What about the running torch and Python changes a binary built against them."""
+
+    version: str
+    git_version: str
+    cuda: str | None
+    hip: str | None
+    cxx11_abi: bool
+    root: str
+    python_tag: str
+    ext_suffix: str
+    machine: str
+
+    def as_tuple(self) -> tuple:
+        return (self.version, self.git_version, self.cuda, self.hip, self.cxx11_abi, self.root, self.python_tag,
+                self.ext_suffix, self.machine)
+
+
+@functools.lru_cache(maxsize=1)
+def torch_facts() -> TorchFacts:
+    import torch
+
+    return TorchFacts(
+        version=str(torch.__version__),
+        git_version=str(getattr(torch.version, "git_version", "")),
+        cuda=torch.version.cuda,
+        hip=getattr(torch.version, "hip", None),
+        cxx11_abi=bool(torch.compiled_with_cxx11_abi()),
+        root=os.path.dirname(os.path.realpath(torch.__file__)),
+        python_tag=sys.implementation.cache_tag or "",
+        ext_suffix=importlib.machinery.EXTENSION_SUFFIXES[0],
+        machine=os.uname().machine,
+    )
+
+
+def default_cxx_std(torch_version: str) -> str:
+    """The C++ standard torch's own JIT builds use for this torch version.
+
+    >>> default_cxx_std("2.13.0+cpu"), default_cxx_std("2.5.1")
+    ('-std=c++20', '-std=c++17')
+    """
+    parts = torch_version.split("+")[0].split(".")
+    major, minor = int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+    return "-std=c++20" if (major, minor) >= (2, 10) else "-std=c++17"
+
+
+def host_cpu_identity() -> str:
+    """The host CPU's model and feature flags, for builds that use ``-march=native``."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            wanted = {}
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "flags", "Features", "CPU part") and key not in wanted:
+                    wanted[key] = value.strip()
+                if not line.strip() and wanted:
+                    break
+        return repr(sorted(wanted.items()))
+    except OSError:
+        return os.uname().machine

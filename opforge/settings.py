@@ -1,0 +1,120 @@
+"""Every environment variable opforge reads, in one place.
+
+``current()`` reads the environment into a frozen :class:`Settings` each time it is
+called (a handful of dict lookups), so a test or a user that changes a variable at run
+time is seen at the next ``load()``. No other module reads ``os.environ``.
+
+>>> s = current({"OPFORGE_CACHE_DIR": "/tmp/c", "MAX_JOBS": "3", "OPFORGE_VERBOSE": "1"})
+>>> (s.cache_dir, s.max_jobs, s.verbose)
+('/tmp/c', 3, True)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+#: Variables that are part of a build's identity: they change the binary.
+BUILD_ENV_VARS = ("CXX", "CC", "CUDA_HOME", "PYTORCH_NVCC", "TORCH_CUDA_ARCH_LIST")
+
+DEFAULT_LOCK_TIMEOUT = 1800.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A snapshot of the environment, as opforge understands it."""
+
+    cache_dir: str
+    """``OPFORGE_CACHE_DIR``: root of the build cache (default ``~/.cache/opforge``)."""
+    cache_dir_from_env: bool
+    verbose: bool
+    """``OPFORGE_VERBOSE``: log every step of a load (also ``load(verbose=True)``)."""
+    lock_timeout: float
+    """``OPFORGE_LOCK_TIMEOUT``: seconds to wait for another process's build (default 1800)."""
+    max_jobs: int | None
+    """``MAX_JOBS``: parallel compile jobs, as in torch; None lets ninja decide."""
+    ccache: str
+    """``OPFORGE_CCACHE``: ``auto`` (use ccache when installed), ``0`` (never) or a path."""
+    cxx: str | None
+    """``CXX``: the C++ compiler, as in torch (default ``c++``)."""
+    cc: str | None
+    """``CC``: host compiler handed to nvcc as ``-ccbin``, as in torch."""
+    cuda_home: str | None
+    """``CUDA_HOME`` / ``CUDA_PATH``: the CUDA toolkit (torch's own discovery otherwise)."""
+    pytorch_nvcc: str | None
+    """``PYTORCH_NVCC``: an nvcc command to use instead of ``$CUDA_HOME/bin/nvcc``, as in torch."""
+    cuda_arch_list: str | None
+    """``TORCH_CUDA_ARCH_LIST``: CUDA archs to build for, as in torch."""
+    nvcc_gen_deps: bool
+    """False when ``TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES=1`` (as in torch)."""
+    path: str
+    """``PATH``: where compilers are looked up."""
+
+    def build_env(self) -> tuple[tuple[str, str], ...]:
+        """The variables that change a binary, as (name, value) pairs for the build key."""
+        values = {
+            "CXX": self.cxx,
+            "CC": self.cc,
+            "CUDA_HOME": self.cuda_home,
+            "PYTORCH_NVCC": self.pytorch_nvcc,
+            "TORCH_CUDA_ARCH_LIST": self.cuda_arch_list,
+        }
+        return tuple((k, values[k] or "") for k in BUILD_ENV_VARS)
+
+
+def _flag(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number of seconds; unset it or give e.g. {name}=600") from None
+    if value <= 0:
+        raise ValueError(f"{name}={raw!r} must be positive; unset it or give e.g. {name}=600")
+    return value
+
+
+def _max_jobs(raw: str | None) -> int | None:
+    # torch honours MAX_JOBS only when it is all digits, and ignores it otherwise.
+    if raw is not None and raw.isdigit() and int(raw) > 0:
+        return int(raw)
+    return None
+
+
+def current(env: Mapping[str, str] | None = None) -> Settings:
+    """Read the environment (or ``env``) into a :class:`Settings`."""
+    env = os.environ if env is None else env
+    cache_env = env.get("OPFORGE_CACHE_DIR")
+    if cache_env:
+        cache_dir = os.path.abspath(os.path.expanduser(cache_env))
+    else:
+        xdg = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        cache_dir = os.path.join(xdg, "opforge")
+    return Settings(
+        cache_dir=cache_dir,
+        cache_dir_from_env=bool(cache_env),
+        verbose=_flag(env.get("OPFORGE_VERBOSE")),
+        lock_timeout=_float(env, "OPFORGE_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT),
+        max_jobs=_max_jobs(env.get("MAX_JOBS")),
+        ccache=(env.get("OPFORGE_CCACHE") or "auto").strip(),
+        cxx=env.get("CXX") or None,
+        cc=env.get("CC") or None,
+        cuda_home=env.get("CUDA_HOME") or env.get("CUDA_PATH") or None,
+        pytorch_nvcc=env.get("PYTORCH_NVCC") or None,
+        cuda_arch_list=env.get("TORCH_CUDA_ARCH_LIST") or None,
+        nvcc_gen_deps=env.get("TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES", "0") != "1",
+        path=env.get("PATH", os.defpath),
+    )
+
+
+def subprocess_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """The environment for a compiler subprocess: ours plus ``extra``."""
+    env = dict(os.environ)
+    env.update(extra)
+    return env
