@@ -70,11 +70,13 @@ def load(
 def load_spec(spec: BuildSpec, s: settings_mod.Settings, build_directory: str | None, reporter: Reporter):
     layout = Layout(s.cache_dir)
     entry = find_entry(layout, spec, reporter)
+    bad: list[str] = []
     if entry is not None:
         result = _import(entry, spec, reporter)
         if result is not None:
             return result
-    entry = _build(layout, spec, s, build_directory, reporter)
+        bad.append(entry.path)
+    entry = _build(layout, spec, s, build_directory, reporter, bad)
     result = _import(entry, spec, reporter)
     if result is None:
         raise BuildError(f"the freshly built {entry.binary} could not be read back; see {entry.path}/build.log")
@@ -164,7 +166,7 @@ def _import(entry: Entry, spec: BuildSpec, reporter: Reporter):
 
 
 def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_directory: str | None,
-           reporter: Reporter) -> Entry:
+           reporter: Reporter, bad: list[str]) -> Entry:
     """The cold path, under the build lock."""
     from .lock import BuildLock
 
@@ -184,6 +186,8 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
         build_dir = layout.build_dir(spec.name, spec.config_key)
         lock_path = layout.lock_path(spec.name, spec.config_key)
     with BuildLock(lock_path, spec.name, s.lock_timeout, reporter.notice) as lock:
+        for path in bad:  # failed to import although its stat matched: corrupt in place
+            cache.discard(path)
         corrupt: list[str] = []
         entry = find_entry(layout, spec, reporter, corrupt)
         if entry is not None:

@@ -18,9 +18,13 @@ class Reporter:
     def __init__(self, verbose: bool):
         self.verbose = verbose
         self.tty = sys.stderr.isatty()
+        self._said: set[str] = set()
 
     def notice(self, msg: str) -> None:
-        print(f"opforge: {msg}", file=sys.stderr, flush=True)
+        """Always shown (once per message per load)."""
+        if msg not in self._said:
+            self._said.add(msg)
+            print(f"opforge: {msg}", file=sys.stderr, flush=True)
 
     def info(self, msg: str) -> None:
         if self.verbose:

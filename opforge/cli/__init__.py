@@ -1,0 +1,1 @@
+"""The ``opforge`` command line."""

@@ -1,0 +1,31 @@
+"""``opforge``: the command line. Subcommands each live in their own module."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import cache_cmd
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="opforge", description="Build, cache and load PyTorch kernels.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    cache_cmd.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
