@@ -94,7 +94,8 @@ def current(env: Mapping[str, str] | None = None) -> Settings:
     if cache_env:
         cache_dir = os.path.abspath(os.path.expanduser(cache_env))
     else:
-        xdg = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        home = env.get("HOME") or os.path.expanduser("~")
+        xdg = env.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
         cache_dir = os.path.join(xdg, "opforge")
     return Settings(
         cache_dir=cache_dir,

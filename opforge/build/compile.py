@@ -37,7 +37,6 @@ class BuildResult:
     log: str
     deps: dict[str, list[str]]
     """Object -> the files the compiler read for it (from ninja's deps log)."""
-    commands: dict[str, str]
 
 
 def object_names(sources: tuple[str, ...], with_cuda: bool) -> list[str]:
@@ -114,32 +113,37 @@ class _Lines:
         self.lines.extend(done)
 
 
-def invalidate_moved_objects(build_dir: str) -> list[str]:
-    """Delete objects whose recorded inputs changed size or mtime since they were built."""
+def invalidate_moved_objects(build_dir: str, source_digests: dict[str, str]) -> list[str]:
+    """Delete objects whose source's bytes changed, or whose recorded inputs changed size or
+    mtime in either direction, since they were built (ninja alone trusts newer mtimes)."""
     try:
         with open(os.path.join(build_dir, STATE_FILE), encoding="utf-8") as f:
             state = json.load(f)
     except (OSError, ValueError):
         return []
     removed = []
-    for obj, inputs in state.items():
-        for path, size, mtime_ns in inputs:
+    for obj, record in state.items():
+        moved = source_digests.get(record.get("source", ""), record.get("source_sha256")) != record.get("source_sha256")
+        for path, size, mtime_ns in record.get("inputs", []):
+            if moved:
+                break
             try:
                 st = os.stat(path)
                 moved = st.st_size != size or st.st_mtime_ns != mtime_ns
             except OSError:
                 moved = True
-            if moved:
-                try:
-                    os.unlink(os.path.join(build_dir, obj))
-                    removed.append(obj)
-                except FileNotFoundError:
-                    pass
-                break
+        if moved:
+            try:
+                os.unlink(os.path.join(build_dir, obj))
+                removed.append(obj)
+            except FileNotFoundError:
+                pass
     return removed
 
 
-def save_state(build_dir: str, deps: dict[str, list[str]]) -> None:
+def save_state(build_dir: str, deps: dict[str, list[str]], sources: dict[str, str],
+               source_digests: dict[str, str]) -> None:
+    """Remember, per object, its source's digest and the (size, mtime) of all its inputs."""
     state = {}
     for obj, inputs in deps.items():
         rows = []
@@ -149,7 +153,8 @@ def save_state(build_dir: str, deps: dict[str, list[str]]) -> None:
                 rows.append([path, st.st_size, st.st_mtime_ns])
             except OSError:
                 continue
-        state[obj] = rows
+        src = sources.get(obj, "")
+        state[obj] = {"source": src, "source_sha256": source_digests.get(src, ""), "inputs": rows}
     tmp = os.path.join(build_dir, STATE_FILE + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(state, f)
@@ -169,11 +174,13 @@ def error_excerpt(log: str, max_lines: int = 25) -> str:
     return "\n".join(lines[-max_lines:])
 
 
-def run_ninja(ninja: str, build_dir: str, spec: BuildSpec, max_jobs: int | None, env: dict[str, str],
-              progress: _Progress) -> BuildResult:
-    """Run ninja; return the binary and the deps, or raise BuildError with the first errors."""
+def run_ninja(ninja: str, build_dir: str, spec: BuildSpec, objects: dict[str, str], max_jobs: int | None,
+              env: dict[str, str], progress: _Progress) -> BuildResult:
+    """Run ninja; return the binary and the deps, or raise BuildError with the first errors.
+    ``objects`` maps each object to its source (from ``write_ninja``)."""
     log_path = os.path.join(build_dir, LOG_FILE)
-    invalidate_moved_objects(build_dir)
+    digests = dict(zip(spec.sources, spec.source_digests))
+    invalidate_moved_objects(build_dir, digests)
     cmd = [ninja, "-v"]
     if max_jobs:
         cmd += ["-j", str(max_jobs)]
@@ -203,8 +210,8 @@ def run_ninja(ninja: str, build_dir: str, spec: BuildSpec, max_jobs: int | None,
     deps_out = subprocess.run([ninja, "-t", "deps"], cwd=build_dir, capture_output=True, text=True, env=env)
     deps = parse_ninja_deps(deps_out.stdout)
     deps = {obj: [os.path.abspath(os.path.join(build_dir, p)) for p in paths] for obj, paths in deps.items()}
-    save_state(build_dir, deps)
-    return BuildResult(os.path.join(build_dir, spec.binary_name), text, deps, {})
+    save_state(build_dir, deps, objects, digests)
+    return BuildResult(os.path.join(build_dir, spec.binary_name), text, deps)
 
 
 def _describe_step(command: str, done: str, total: str) -> str:

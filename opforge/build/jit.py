@@ -228,11 +228,12 @@ def _compile_and_publish(layout: Layout, spec: BuildSpec, s: settings_mod.Settin
     ccache = toolchain.ccache(s)
     cxx_argv = ([ccache] if ccache else []) + list(cxx.argv)
     nvcc_argv = list(toolchain.nvcc(s).argv) if spec.with_cuda else None
-    compile_mod.write_ninja(os.path.join(build_dir, compile_mod.NINJA_FILE), spec, flags, cxx_argv, nvcc_argv,
-                            s.nvcc_gen_deps)
+    objects = compile_mod.write_ninja(os.path.join(build_dir, compile_mod.NINJA_FILE), spec, flags, cxx_argv,
+                                      nvcc_argv, s.nvcc_gen_deps)
     started = time.time()
     with reporter.building(spec.name, len(spec.sources)) as progress:
-        result = compile_mod.run_ninja(ninja, build_dir, spec, s.max_jobs, settings_mod.subprocess_env(s), progress)
+        result = compile_mod.run_ninja(ninja, build_dir, spec, objects, s.max_jobs, settings_mod.subprocess_env(s),
+                                       progress)
     took = time.time() - started
 
     # What the binary was built from: the sources, plus every header the compiler read

@@ -51,8 +51,8 @@ def check_name(name: object) -> str:
     ValueError: extension name 'my-ext' is not a valid identifier: use letters, digits and '_', not starting with a digit (e.g. 'my_ext')
     """
     if not isinstance(name, str) or not _NAME_RE.match(name):
-        suggestion = re.sub(r"\W", "_", str(name)) or "my_ext"
-        if suggestion[0].isdigit():
+        suggestion = re.sub(r"[^A-Za-z0-9_]", "_", str(name)) or "my_ext"
+        if suggestion[0] in "0123456789":
             suggestion = "_" + suggestion
         raise ValueError(
             f"extension name {name!r} is not a valid identifier: use letters, digits and '_', "

@@ -1,0 +1,74 @@
+"""CUDA extensions on a GPU machine (skipped without one)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import textwrap
+
+import pytest
+import torch
+
+import opforge
+from conftest import run_python
+
+DATA = os.path.join(os.path.dirname(__file__), "data", "cuda_ext")
+pytestmark = pytest.mark.cuda
+
+
+@pytest.fixture
+def cuda_src(tmp_path):
+    dst = tmp_path / "cuda_ext"
+    shutil.copytree(DATA, dst)
+    return dst
+
+
+def _load(src, cache):
+    return textwrap.dedent(
+        f"""
+        import time, torch, opforge
+        t = time.perf_counter()
+        m = opforge.load("axpb_ext", [{str(src / 'axpb.cpp')!r}, {str(src / 'axpb_kernel.cu')!r}], extra_cuda_cflags=["-O2"])
+        took = time.perf_counter() - t
+        x = torch.randn(1000003, device="cuda")
+        y = m.axpb(x, 0.5)
+        print(float((y - (SCALE * x + 0.5)).abs().max()), took)
+        """
+    )
+
+
+def test_cuda_extension_builds_loads_and_tracks_its_header(cuda_src, cache_dir):
+    env = {"OPFORGE_CACHE_DIR": str(cache_dir)}
+    cold = run_python(_load(cuda_src, cache_dir).replace("SCALE", "2.0"), env=env, timeout=900)
+    assert cold.returncode == 0, cold.stderr
+    err, _ = map(float, cold.stdout.split())
+    assert err == 0.0
+    warm = run_python(_load(cuda_src, cache_dir).replace("SCALE", "2.0"), env=env)
+    assert warm.returncode == 0, warm.stderr
+    _, took = map(float, warm.stdout.split())
+    assert took < 0.5  # a warm load is an import, not a build
+    (cuda_src / "kernel.cuh").write_text("#pragma once\n#define AXPB_SCALE 3.0f\n")
+    edited = run_python(_load(cuda_src, cache_dir).replace("SCALE", "3.0"), env=env, timeout=900)
+    assert edited.returncode == 0, edited.stderr
+    assert float(edited.stdout.split()[0]) == 0.0  # the header change was seen: no stale binary
+
+
+def test_load_inline_with_cuda_sources(cache_dir):
+    cuda = textwrap.dedent(
+        """
+        __global__ void neg_kernel(const float* x, float* y, int64_t n) {
+          int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+          if (i < n) y[i] = -x[i];
+        }
+        torch::Tensor neg(torch::Tensor x) {
+          auto y = torch::empty_like(x);
+          int64_t n = x.numel();
+          if (n) neg_kernel<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+          return y;
+        }
+        """
+    )
+    mod = opforge.load_inline("inline_cuda_neg", "torch::Tensor neg(torch::Tensor x);", cuda_sources=cuda,
+                              functions=["neg"])
+    x = torch.randn(4097, device="cuda")
+    torch.testing.assert_close(mod.neg(x), -x)

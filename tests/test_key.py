@@ -1,0 +1,147 @@
+"""The build key, settings, dependency records and flag derivation, without building."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+import pytest
+from hypothesis import given, strategies as st
+
+from opforge import settings
+from opforge.build import deps, flags, key
+
+
+@pytest.fixture
+def spec_of(tmp_path):
+    src = tmp_path / "k.cpp"
+    src.write_text("int f() { return 1; }\n")
+
+    def make(env=None, name="kmod", cflags=None, sources=None, **kw):
+        s = settings.current({"PATH": os.environ["PATH"], **(env or {})})
+        return key.make_spec(s, name, sources or [str(src)], cflags, None, None, None, None, True, False, **kw)
+
+    return make, src
+
+
+def test_every_input_moves_the_key(spec_of):
+    make, src = spec_of
+    base = make()
+    assert make().input_key == base.input_key  # deterministic
+    assert make(cflags=["-O2"]).input_key != base.input_key
+    assert make(name="kmod2").input_key != base.input_key
+    assert make(env={"TORCH_CUDA_ARCH_LIST": "9.0"}).input_key != base.input_key
+    assert make(env={"CXX": "g++"}).input_key != base.input_key
+    src.write_text("int f() { return 2; }\n")
+    edited = make()
+    assert edited.input_key != base.input_key
+    assert edited.config_key == base.config_key  # same build dir: incremental rebuild
+
+
+def test_torch_and_python_are_in_the_key(spec_of):
+    make, _ = spec_of
+    base = make()
+    other = dataclasses.replace(base, torch=dataclasses.replace(base.torch, version="9.9.9"))
+    assert other.input_key != base.input_key
+    other = dataclasses.replace(base, torch=dataclasses.replace(base.torch, python_tag="cpython-399"))
+    assert other.input_key != base.input_key
+    other = dataclasses.replace(base, torch=dataclasses.replace(base.torch, cxx11_abi=not base.torch.cxx11_abi))
+    assert other.input_key != base.input_key
+
+
+def test_native_flags_pull_in_the_host_cpu(spec_of):
+    make, _ = spec_of
+    assert make().cpu_identity == ""
+    assert make(cflags=["-march=native"]).cpu_identity != ""
+
+
+def test_portable_key_ignores_the_toolchain_only(spec_of):
+    make, _ = spec_of
+    base = make()
+    assert make(env={"CXX": "g++"}).portable_key == base.portable_key
+    assert make(cflags=["-O2"]).portable_key != base.portable_key
+
+
+@given(st.text(max_size=12))
+def test_check_name_accepts_exactly_identifiers(name):
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        assert key.check_name(name) == name
+    else:
+        with pytest.raises(ValueError, match="not a valid identifier") as info:
+            key.check_name(name)
+        suggestion = re.search(r"\(e\.g\. '(.*)'\)$", str(info.value))
+        assert suggestion and re.fullmatch(r"[A-Za-z_]\w*", suggestion.group(1), re.ASCII)
+
+
+def test_dep_records_hash_only_when_the_stat_moved(tmp_path):
+    f = tmp_path / "h.h"
+    f.write_text("#define X 1\n")
+    rec = deps.DepRecord.of(str(f))
+    assert deps.check([rec]) == []
+    os.utime(f, ns=(rec.mtime_ns + 10**9, rec.mtime_ns + 10**9))  # touched, same bytes
+    assert deps.check([rec]) == []
+    f.write_text("#define X 2\n")  # same size, new bytes
+    assert deps.check([rec]) == [str(f)]
+    f.unlink()
+    assert deps.check([rec]) == [str(f)]
+
+
+def test_headers_digest_ignores_sources_and_order():
+    a = deps.DepRecord("/s/a.cpp", 1, 1, "aa")
+    h1 = deps.DepRecord("/s/h1.h", 1, 1, "11")
+    h2 = deps.DepRecord("/s/h2.h", 1, 1, "22")
+    assert deps.headers_digest([a, h1, h2], ["/s/a.cpp"]) == deps.headers_digest([h2, h1], [])
+    assert deps.headers_digest([h1], []) != deps.headers_digest([h2], [])
+
+
+def test_settings_parse_and_reject():
+    s = settings.current({"MAX_JOBS": "four", "OPFORGE_VERBOSE": "yes"})
+    assert s.max_jobs is None and s.verbose
+    assert settings.current({"HOME": "/h"}).cache_dir == "/h/.cache/opforge"
+    assert settings.current({"XDG_CACHE_HOME": "/x"}).cache_dir == "/x/opforge"
+    with pytest.raises(ValueError, match="OPFORGE_LOCK_TIMEOUT"):
+        settings.current({"OPFORGE_LOCK_TIMEOUT": "soon"})
+    with pytest.raises(ValueError, match="OPFORGE_LOCK_TIMEOUT"):
+        settings.current({"OPFORGE_LOCK_TIMEOUT": "-1"})
+
+
+@pytest.mark.parametrize("archs", ["8.0", "8.0;9.0+PTX", "7.5 8.6", "9.0a", "8.6+PTX;9.0", "Hopper", "Ampere;Ada"])
+def test_fallback_arch_flags_agree_with_torch(archs, monkeypatch):
+    """torch's _get_cuda_arch_flags is private: the fallback must give the same flags."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", archs)
+    assert flags.fallback_cuda_arch_flags(archs, []) == cpp_extension._get_cuda_arch_flags([])
+
+
+def test_fallback_arch_flags_from_visible_gpus():
+    assert flags.fallback_cuda_arch_flags(None, [(9, 0), (8, 0), (9, 0)]) == [
+        "-gencode=arch=compute_80,code=sm_80",
+        "-gencode=arch=compute_90,code=compute_90",
+        "-gencode=arch=compute_90,code=sm_90",
+    ]
+    with pytest.raises(ValueError, match="TORCH_CUDA_ARCH_LIST"):
+        flags.fallback_cuda_arch_flags(None, [])
+
+
+def test_arch_flags_fall_back_when_torch_lacks_the_private_helper(monkeypatch):
+    from torch.utils import cpp_extension
+
+    monkeypatch.delattr(cpp_extension, "_get_cuda_arch_flags")
+    s = settings.current({"TORCH_CUDA_ARCH_LIST": "9.0"})
+    assert flags.cuda_arch_flags((), s) == ["-gencode=arch=compute_90,code=sm_90"]
+    assert flags.cuda_arch_flags(("-arch=sm_80",), s) == []
+
+
+def test_derived_flags_follow_torch(spec_of):
+    make, _ = spec_of
+    spec = make(cflags=["-O3"])
+    s = settings.current({"PATH": os.environ["PATH"]})
+    f = flags.derive(spec, s, None)
+    assert "-DTORCH_EXTENSION_NAME=kmod" in f.cflags and f.cflags[-1] == "-O3"
+    assert "-fPIC" in f.cflags and "-shared" in f.ldflags and "-ltorch_python" in f.ldflags
+    assert any(x.startswith("-isystem") and x.endswith("include") for x in f.cflags)
+    standalone = flags.derive(dataclasses.replace(spec, is_standalone=True, is_python_module=False), s, None)
+    assert "-shared" not in standalone.ldflags and "-ltorch_python" not in standalone.ldflags
+    assert not any("TORCH_EXTENSION_NAME" in x for x in standalone.cflags)

@@ -1,0 +1,193 @@
+"""load()/load_inline(): the kinds of extension, the warm path, incremental builds."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import textwrap
+
+import pytest
+import torch
+
+import opforge
+from conftest import pymod_source, run_python
+
+LEAN_OP = textwrap.dedent(
+    """
+    #include <ATen/core/Tensor.h>
+    #include <ATen/ops/mul.h>
+    #include <torch/library.h>
+
+    static at::Tensor twice(const at::Tensor& x) { return at::mul(x, 2); }
+
+    TORCH_LIBRARY(opforge_test_lean, m) { m.def("twice(Tensor x) -> Tensor"); }
+    TORCH_LIBRARY_IMPL(opforge_test_lean, CPU, m) { m.impl("twice", &twice); }
+    """
+)
+
+
+def entries(root, name):
+    d = root / name
+    return sorted(p for p in d.iterdir() if not p.name.startswith(".")) if d.exists() else []
+
+
+def test_python_module_builds_caches_and_reloads(cache_dir, make_pymod):
+    src = make_pymod("basic_mod", 5)
+    mod = opforge.load("basic_mod", [str(src)])
+    assert mod.value() == 5
+    assert opforge.load("basic_mod", [str(src)]) is mod  # second load in a process: same module
+    (entry,) = entries(cache_dir, "basic_mod")
+    manifest = json.loads((entry / "manifest.json").read_text())
+    assert manifest["kind"] == "python_module"
+    assert manifest["deps"][0]["path"] == str(src)
+    assert (entry / "build.log").exists()
+    assert stat.S_IMODE(entry.stat().st_mode) == 0o700
+    assert stat.S_IMODE((cache_dir / "basic_mod").stat().st_mode) == 0o700
+
+
+def test_warm_load_starts_no_process_and_no_build_machinery(cache_dir, make_pymod):
+    src = make_pymod("warm_mod", 11)
+    opforge.load("warm_mod", [str(src)])
+    code = textwrap.dedent(
+        f"""
+        import os, subprocess, sys
+        def forbidden(*a, **k):
+            raise AssertionError("warm path started a process")
+        subprocess.Popen = subprocess.run = os.fork = os.posix_spawn = os.execv = forbidden
+        import opforge
+        assert opforge.load("warm_mod", [{str(src)!r}]).value() == 11
+        heavy = [m for m in ("torch.utils.cpp_extension", "filelock", "ninja", "rich") if m in sys.modules]
+        assert not heavy, heavy
+        print("ok")
+        """
+    )
+    out = run_python(code, env={"OPFORGE_CACHE_DIR": str(cache_dir)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def _wrapper(tmp_path, log):
+    cxx = tmp_path / "cxx-counting"
+    cxx.write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec g++ "$@"\n')
+    cxx.chmod(0o755)
+    return cxx
+
+
+def test_incremental_rebuild_recompiles_only_the_changed_source(cache_dir, tmp_path, monkeypatch):
+    log = tmp_path / "cxx.log"
+    monkeypatch.setenv("CXX", str(_wrapper(tmp_path, log)))
+    srcdir = tmp_path / "inc"
+    srcdir.mkdir()
+    (srcdir / "a.cpp").write_text("int part_a() { return 1; }\n")
+    (srcdir / "b.cpp").write_text("int part_b() { return 10; }\n")
+    main = pymod_source("inc_mod", 0, extra="int part_a(); int part_b();").replace(
+        "PyLong_FromLong(0)", "PyLong_FromLong(part_a() + part_b())"
+    )
+    (srcdir / "main.cpp").write_text(main)
+    sources = [str(srcdir / n) for n in ("main.cpp", "a.cpp", "b.cpp")]
+    code = f"import opforge; print(opforge.load('inc_mod', {sources!r}).value())"
+    first = run_python(code)
+    assert first.stdout.strip() == "11", first.stderr
+    compiles = [ln for ln in log.read_text().splitlines() if " -c " in f" {ln} "]
+    assert len(compiles) == 3
+
+    log.write_text("")
+    (srcdir / "b.cpp").write_text("int part_b() { return 20; }\n")
+    second = run_python(code)
+    assert second.stdout.strip() == "21", second.stderr
+    lines = [ln for ln in log.read_text().splitlines() if ln != "--version"]
+    compiles = [ln for ln in lines if " -c " in f" {ln} "]
+    assert len(compiles) == 1 and "b.cpp" in compiles[0]
+    assert len(lines) == 2  # one compile, one link
+
+
+def test_edit_that_keeps_size_and_mtime_still_rebuilds(cache_dir, tmp_path):
+    """ninja trusts mtimes; opforge also compares the sources' bytes."""
+    src = tmp_path / "same.cpp"
+    src.write_text(pymod_source("same_mod", 3))
+    before = os.stat(src)
+    code = f"import opforge; print(opforge.load('same_mod', [{str(src)!r}]).value())"
+    assert run_python(code).stdout.strip() == "3"
+    src.write_text(pymod_source("same_mod", 4))
+    os.utime(src, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(src).st_size == before.st_size
+    out = run_python(code)
+    assert out.stdout.strip() == "4", out.stderr
+
+
+def test_torch_library_op_with_lean_headers(cache_dir, tmp_path):
+    src = tmp_path / "lean.cpp"
+    src.write_text(LEAN_OP)
+    path = opforge.load("lean_op", [str(src)], is_python_module=False)
+    assert isinstance(path, str) and path.endswith("lean_op.so")
+    x = torch.randn(7)
+    torch.testing.assert_close(torch.ops.opforge_test_lean.twice(x), x * 2)
+
+
+def test_standalone_executable(cache_dir, tmp_path):
+    src = tmp_path / "tool.cpp"
+    src.write_text('#include <cstdio>\nint main() { std::puts("standalone ok"); return 0; }\n')
+    exe = opforge.load("tool_exe", [str(src)], is_python_module=False, is_standalone=True)
+    assert os.access(exe, os.X_OK)
+    assert subprocess.run([exe], capture_output=True, text=True).stdout.strip() == "standalone ok"
+
+
+def test_load_inline_without_implicit_headers(cache_dir):
+    mod = opforge.load_inline("inline_plain", pymod_source("inline_plain", 42), no_implicit_headers=True)
+    assert mod.value() == 42
+    # The same text again is a cache hit on the same content-addressed source file.
+    assert opforge.load_inline("inline_plain", pymod_source("inline_plain", 42), no_implicit_headers=True) is mod
+
+
+def test_load_inline_pybind_functions_like_torch(shared_cache, monkeypatch):
+    """The classic torch/extension.h + generated pybind11 bindings (one ~30 s compile per session)."""
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(shared_cache))
+    cpp = "torch::Tensor scale_add(torch::Tensor x, torch::Tensor y, double a) { return x + a * y; }"
+    mod = opforge.load_inline("inline_pybind", cpp, functions=["scale_add"], extra_cflags=["-O1"])
+    x, y = torch.randn(5), torch.randn(5)
+    torch.testing.assert_close(mod.scale_add(x, y, 0.5), x + 0.5 * y)
+    with pytest.raises(RuntimeError):  # torch errors come through wrap_pybind_function
+        mod.scale_add(torch.randn(2), torch.randn(3), 1.0)
+
+
+def test_build_directory_is_the_ninja_workspace(cache_dir, make_pymod, tmp_path):
+    work = tmp_path / "work"
+    mod = opforge.load("bdir_mod", [str(make_pymod("bdir_mod", 8))], build_directory=str(work))
+    assert mod.value() == 8
+    assert (work / "build.ninja").exists() and (work / "bdir_mod.so").exists()
+    assert entries(cache_dir, "bdir_mod")  # and it is published to the cache too
+
+
+def test_sources_sharing_a_basename(cache_dir, tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "x.cpp").write_text("int from_a() { return 100; }\n")
+    (tmp_path / "b" / "x.cpp").write_text("int from_b() { return 20; }\n")
+    main = pymod_source("twin_mod", 0, extra="int from_a(); int from_b();").replace(
+        "PyLong_FromLong(0)", "PyLong_FromLong(from_a() + from_b())"
+    )
+    (tmp_path / "main.cpp").write_text(main)
+    srcs = [str(tmp_path / "main.cpp"), str(tmp_path / "a" / "x.cpp"), str(tmp_path / "b" / "x.cpp")]
+    assert opforge.load("twin_mod", srcs).value() == 120
+
+
+def test_cached_build_loads_where_no_compiler_is_installed(cache_dir, make_pymod):
+    src = make_pymod("nocc_mod", 9)
+    opforge.load("nocc_mod", [str(src)])
+    code = f"import opforge; print(opforge.load('nocc_mod', [{str(src)!r}]).value())"
+    out = run_python(code, env={"CXX": "/nonexistent/c++", "OPFORGE_CACHE_DIR": str(cache_dir)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "9"
+
+
+def test_verbose_reports_the_build(cache_dir, make_pymod):
+    src = make_pymod("verbose_mod", 1)
+    code = f"import opforge; opforge.load('verbose_mod', [{str(src)!r}], verbose=True)"
+    out = run_python(code, env={"OPFORGE_CACHE_DIR": str(cache_dir)})
+    assert out.returncode == 0, out.stderr
+    assert "building verbose_mod (1 source)" in out.stderr
+    assert "built verbose_mod in" in out.stderr
+    quiet = run_python(code.replace(", verbose=True", ""), env={"OPFORGE_CACHE_DIR": str(cache_dir)})
+    assert quiet.stderr == ""  # warm, not a terminal, not verbose: silent
