@@ -35,7 +35,8 @@ class Settings:
     max_jobs: int | None
     """``MAX_JOBS``: parallel compile jobs, as in torch; None lets ninja decide."""
     ccache: str
-    """``OPFORGE_CCACHE``: ``auto`` (use ccache when installed), ``0`` (never) or a path."""
+    """``OPFORGE_CCACHE``: ``auto`` (ccache or sccache when installed, as torch does), ``0`` (never), or a path.
+    ``TORCH_NO_COMPILER_WRAPPER`` set also turns it off, as in torch."""
     cxx: str | None
     """``CXX``: the C++ compiler, as in torch (default ``c++``)."""
     cc: str | None
@@ -103,7 +104,7 @@ def current(env: Mapping[str, str] | None = None) -> Settings:
         verbose=_flag(env.get("OPFORGE_VERBOSE")),
         lock_timeout=_float(env, "OPFORGE_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT),
         max_jobs=_max_jobs(env.get("MAX_JOBS")),
-        ccache=(env.get("OPFORGE_CCACHE") or "auto").strip(),
+        ccache="0" if env.get("TORCH_NO_COMPILER_WRAPPER") else (env.get("OPFORGE_CCACHE") or "auto").strip(),
         cxx=env.get("CXX") or None,
         cc=env.get("CC") or None,
         cuda_home=env.get("CUDA_HOME") or env.get("CUDA_PATH") or None,

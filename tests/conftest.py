@@ -32,6 +32,12 @@ def pymod_source(name: str, value: int = 1, extra: str = "") -> str:
     )
 
 
+@pytest.fixture(autouse=True)
+def _no_ccache(monkeypatch):
+    """Tests count compiler runs; ccache (when installed) would add preprocessor runs."""
+    monkeypatch.setenv("OPFORGE_CCACHE", "0")
+
+
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
     """A fresh, empty cache root for this test (OPFORGE_CACHE_DIR points at it)."""

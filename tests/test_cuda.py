@@ -12,7 +12,7 @@ import torch
 import opforge
 from conftest import run_python
 
-DATA = os.path.join(os.path.dirname(__file__), "data", "cuda_ext")
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "cuda_ext")
 pytestmark = pytest.mark.cuda
 
 
@@ -42,7 +42,7 @@ def test_cuda_extension_builds_loads_and_tracks_its_header(cuda_src, cache_dir):
     cold = run_python(_load(cuda_src, cache_dir).replace("SCALE", "2.0"), env=env, timeout=900)
     assert cold.returncode == 0, cold.stderr
     err, _ = map(float, cold.stdout.split())
-    assert err == 0.0
+    assert err < 1e-5
     warm = run_python(_load(cuda_src, cache_dir).replace("SCALE", "2.0"), env=env)
     assert warm.returncode == 0, warm.stderr
     _, took = map(float, warm.stdout.split())
@@ -50,7 +50,7 @@ def test_cuda_extension_builds_loads_and_tracks_its_header(cuda_src, cache_dir):
     (cuda_src / "kernel.cuh").write_text("#pragma once\n#define AXPB_SCALE 3.0f\n")
     edited = run_python(_load(cuda_src, cache_dir).replace("SCALE", "3.0"), env=env, timeout=900)
     assert edited.returncode == 0, edited.stderr
-    assert float(edited.stdout.split()[0]) == 0.0  # the header change was seen: no stale binary
+    assert float(edited.stdout.split()[0]) < 1e-5  # the header change was seen (a stale binary is off by ~|x|)
 
 
 def test_load_inline_with_cuda_sources(cache_dir):

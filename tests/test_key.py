@@ -141,7 +141,17 @@ def test_derived_flags_follow_torch(spec_of):
     f = flags.derive(spec, s, None)
     assert "-DTORCH_EXTENSION_NAME=kmod" in f.cflags and f.cflags[-1] == "-O3"
     assert "-fPIC" in f.cflags and "-shared" in f.ldflags and "-ltorch_python" in f.ldflags
-    assert any(x.startswith("-isystem") and x.endswith("include") for x in f.cflags)
+    assert "-isystem" in f.cflags
     standalone = flags.derive(dataclasses.replace(spec, is_standalone=True, is_python_module=False), s, None)
     assert "-shared" not in standalone.ldflags and "-ltorch_python" not in standalone.ldflags
     assert not any("TORCH_EXTENSION_NAME" in x for x in standalone.cflags)
+
+
+def test_cxx_std_is_torchs_own(monkeypatch):
+    from torch.utils import cpp_extension
+
+    src = open(cpp_extension.__file__).read()
+    assert flags.torch_cxx_std("0.0") in src
+    monkeypatch.delattr(cpp_extension, "_write_ninja_file_to_build_library")  # private: fall back on the version
+    assert flags.torch_cxx_std("2.13.0") == "-std=c++20"
+    assert flags.torch_cxx_std("2.11.0") == "-std=c++17"

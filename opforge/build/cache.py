@@ -56,7 +56,7 @@ class Layout:
         try:
             with os.scandir(self.name_dir(name)) as it:
                 found = [(e.stat(follow_symlinks=False).st_mtime_ns, e.path) for e in it if e.name.startswith(prefix)]
-        except FileNotFoundError:
+        except OSError:  # no such dir, or a file in the way: nothing cached (the cold path says why)
             return []
         return [p for _, p in sorted(found, reverse=True)]
 

@@ -9,13 +9,17 @@ arch flags come from torch's private ``_get_cuda_arch_flags`` when it exists, el
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 import sysconfig
 from dataclasses import dataclass
 
 from ..settings import Settings
 from .key import BuildSpec
 from .toolchain import default_cxx_std
+
+_STD_RE = re.compile(r"['\"](-std=c\+\+\d\d)['\"]")
 
 _NAMED_ARCHS = {"Ampere": "8.0;8.6+PTX", "Ada": "8.9+PTX", "Hopper": "9.0+PTX", "Turing": "7.5+PTX", "Volta": "7.0+PTX"}
 
@@ -72,6 +76,19 @@ def cuda_arch_flags(extra_cuda_cflags: tuple[str, ...], settings: Settings) -> l
     return fallback_cuda_arch_flags(settings.cuda_arch_list, caps)
 
 
+def torch_cxx_std(torch_version: str) -> str:
+    """The ``-std=`` torch's own JIT uses, read from its (private) ninja writer, or else
+    inferred from the version."""
+    from torch.utils import cpp_extension
+
+    writer = getattr(cpp_extension, "_write_ninja_file_to_build_library", None)
+    try:
+        found = _STD_RE.findall(inspect.getsource(writer)) if writer else []
+    except (OSError, TypeError):
+        found = []
+    return found[0] if found else default_cxx_std(torch_version)
+
+
 def derive(spec: BuildSpec, settings: Settings, cuda_home: str | None) -> Flags:
     """All the flags of a build: torch's defaults plus the user's extras."""
     from torch.utils import cpp_extension
@@ -86,9 +103,10 @@ def derive(spec: BuildSpec, settings: Settings, cuda_home: str | None) -> Flags:
         common += [f"-DTORCH_EXTENSION_NAME={spec.name}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
     common += [f"-D_GLIBCXX_USE_CXX11_ABI={int(spec.torch.cxx11_abi)}"]
     common += [f"-I{p}" for p in spec.extra_include_paths]
-    common += [f"-isystem{p}" for p in system_includes]
+    for p in system_includes:
+        common += ["-isystem", p]  # two arguments: nvcc rejects the joined form
 
-    std = default_cxx_std(spec.torch.version)
+    std = torch_cxx_std(spec.torch.version)
     cflags = common + ["-fPIC", std, *spec.extra_cflags]
 
     cuda_cflags: list[str] = []

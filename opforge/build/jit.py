@@ -85,7 +85,7 @@ def load_spec(spec: BuildSpec, s: settings_mod.Settings, build_directory: str | 
 
 def find_entry(layout: Layout, spec: BuildSpec, reporter: Reporter, corrupt: list | None = None) -> Entry | None:
     """The warm path: a published entry whose recorded inputs all still hold, else None."""
-    if spec.cxx is None:
+    if spec.toolchain_missing:
         candidates = _portable_candidates(layout, spec)
     else:
         candidates = layout.candidates(spec.name, spec.input_key)
@@ -99,7 +99,7 @@ def find_entry(layout: Layout, spec: BuildSpec, reporter: Reporter, corrupt: lis
             if corrupt is not None:
                 corrupt.append(path)
             continue
-        if spec.cxx is not None and manifest["key"] != spec.input_key:
+        if not spec.toolchain_missing and manifest["key"] != spec.input_key:
             continue
         entry = Entry(path, manifest)
         changed = deps_mod.check(entry.deps)
@@ -124,7 +124,7 @@ def _portable_candidates(layout: Layout, spec: BuildSpec) -> list[str]:
     name_dir = layout.name_dir(spec.name)
     try:
         names = [n for n in os.listdir(name_dir) if not n.startswith(".")]
-    except FileNotFoundError:
+    except OSError:
         return []
     wanted = spec.portable_key
     found = []
@@ -227,7 +227,7 @@ def _compile_and_publish(layout: Layout, spec: BuildSpec, s: settings_mod.Settin
     flags = flags_mod.derive(spec, s, home)
     ccache = toolchain.ccache(s)
     cxx_argv = ([ccache] if ccache else []) + list(cxx.argv)
-    nvcc_argv = list(toolchain.nvcc(s).argv) if spec.with_cuda else None
+    nvcc_argv = ([ccache] if ccache else []) + list(toolchain.nvcc(s).argv) if spec.with_cuda else None
     objects = compile_mod.write_ninja(os.path.join(build_dir, compile_mod.NINJA_FILE), spec, flags, cxx_argv,
                                       nvcc_argv, s.nvcc_gen_deps)
     started = time.time()
@@ -260,7 +260,7 @@ def _compile_and_publish(layout: Layout, spec: BuildSpec, s: settings_mod.Settin
         "inputs": spec.describe(),
         "flags": {"cflags": flags.cflags, "cuda_cflags": flags.cuda_cflags, "ldflags": flags.ldflags},
         "compiler": toolchain.probe_version(cxx.argv),
-        "nvcc": toolchain.probe_version(nvcc_argv) if nvcc_argv else None,
+        "nvcc": toolchain.probe_version(toolchain.nvcc(s).argv) if spec.with_cuda else None,
         "ccache": ccache,
         "torch": spec.torch.version,
         "cuda": spec.torch.cuda,

@@ -103,6 +103,11 @@ class BuildSpec:
         return "python_module" if self.is_python_module else "library"
 
     @property
+    def toolchain_missing(self) -> bool:
+        """No compiler here (or no nvcc for CUDA sources): only builds made elsewhere can load."""
+        return self.cxx is None or (self.with_cuda and self.nvcc is None)
+
+    @property
     def binary_name(self) -> str:
         return self.name if self.is_standalone else f"{self.name}.so"
 

@@ -107,12 +107,13 @@ def nvcc(settings: Settings) -> Tool:
 
 
 def ccache(settings: Settings) -> str | None:
-    """ccache, when ``OPFORGE_CCACHE`` allows it and it is installed."""
+    """The compiler cache to put in front of c++ and nvcc: ccache, else sccache, as torch
+    2.13 does, when ``OPFORGE_CCACHE`` allows it (and ``TORCH_NO_COMPILER_WRAPPER`` is unset)."""
     choice = settings.ccache
     if choice.lower() in ("0", "off", "no", "false", ""):
         return None
     if choice.lower() in ("auto", "1", "on", "yes", "true"):
-        return shutil.which("ccache", path=settings.path)
+        return shutil.which("ccache", path=settings.path) or shutil.which("sccache", path=settings.path)
     return choice if os.access(choice, os.X_OK) else None
 
 
@@ -182,14 +183,14 @@ def torch_facts() -> TorchFacts:
 
 
 def default_cxx_std(torch_version: str) -> str:
-    """The C++ standard torch's own JIT builds use for this torch version.
+    """The C++ standard torch's own JIT builds use, by version (2.11 used C++17, 2.13 C++20).
 
-    >>> default_cxx_std("2.13.0+cpu"), default_cxx_std("2.5.1")
+    >>> default_cxx_std("2.13.0+cpu"), default_cxx_std("2.11.0+cu130")
     ('-std=c++20', '-std=c++17')
     """
     parts = torch_version.split("+")[0].split(".")
     major, minor = int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
-    return "-std=c++20" if (major, minor) >= (2, 10) else "-std=c++17"
+    return "-std=c++20" if (major, minor) >= (2, 13) else "-std=c++17"
 
 
 def host_cpu_identity() -> str:

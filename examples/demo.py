@@ -1,0 +1,152 @@
+"""opforge vs torch.utils.cpp_extension.load on a real extension: cold build and warm load.
+
+Run with ``make demo`` (or ``.venv/bin/python examples/demo.py``); about 1-2 minutes on
+two cores, almost all of it two compiles of ``torch/extension.h``.
+
+What is measured, for ``examples/demo_ext/demo_ext.cpp`` (a fused relu(x + alpha*y),
+built with ``extra_cflags=['-O2']`` by both):
+
+* torch ``load`` cold   : empty ``TORCH_EXTENSIONS_DIR``, so it compiles and links;
+* torch ``load`` warm   : a new process, same ``TORCH_EXTENSIONS_DIR``;
+* ``opforge.load`` cold : empty ``OPFORGE_CACHE_DIR``;
+* ``opforge.load`` warm : a new process, same ``OPFORGE_CACHE_DIR``.
+
+ccache is off for both (``OPFORGE_CCACHE=0``, and ``TORCH_NO_COMPILER_WRAPPER=1`` since
+recent torch prepends ccache/sccache by itself when one is on PATH).
+
+How: each measurement is a fresh child process (``sys.executable demo.py --child ...``).
+The child imports torch and the loader's module (``torch.utils.cpp_extension`` or
+``opforge``, each timed on its own) *before* starting the clock, then times the
+``load()`` call alone with ``time.perf_counter``, checks the op against a pure-torch
+reference, and prints its timings as one JSON line on stdout. The parent first reads
+torch's headers once (so the first cold build does not pay for the disk), then prints a
+table. The cache directories live under one ``tempfile.mkdtemp`` removed at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.join(HERE, "demo_ext", "demo_ext.cpp")
+NAME = "demo_ext"
+CFLAGS = ["-O2"]
+MARK = "DEMO-RESULT "
+
+
+def child(tool: str) -> None:
+    """One measurement: import (untimed by the load clock), load() under the clock, check."""
+    t0 = time.perf_counter()
+    import torch
+
+    t1 = time.perf_counter()
+    if tool == "torch":
+        from torch.utils.cpp_extension import load
+    else:
+        from opforge import load
+    t2 = time.perf_counter()
+    ext = load(NAME, [SOURCE], extra_cflags=CFLAGS)
+    t3 = time.perf_counter()
+
+    x, y = torch.randn(1000, 257), torch.randn(1000, 257)
+    got = ext.scaled_residual_relu(x, y, 0.5)
+    if not torch.allclose(got, torch.relu(x + 0.5 * y), rtol=1e-6, atol=1e-6):
+        sys.exit(f"{tool}: scaled_residual_relu disagrees with torch.relu(x + 0.5 * y)")
+    try:  # the op's input checks work and say what is wrong
+        ext.scaled_residual_relu(x, y.double(), 0.5)
+        sys.exit(f"{tool}: a float64 input was accepted")
+    except RuntimeError as exc:
+        if "must be float32" not in str(exc):
+            sys.exit(f"{tool}: unexpected error text: {exc}")
+    print(MARK + json.dumps({"tool": tool, "import_torch_s": t1 - t0, "import_loader_s": t2 - t1,
+                             "load_s": t3 - t2}), flush=True)
+
+
+def run_child(tool: str, env: dict[str, str]) -> dict:
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", tool], env=env,
+                          capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
+    if proc.returncode != 0 or not lines:
+        sys.stderr.write(proc.stdout + proc.stderr)
+        raise SystemExit(f"the {tool} child failed (exit {proc.returncode}); its output is above")
+    return json.loads(lines[-1][len(MARK):])
+
+
+def prime_page_cache() -> None:
+    """Read torch's headers once, so that whichever cold build runs first does not also pay
+    for reading them from disk (that alone can be seconds)."""
+    import torch
+
+    for d, _, files in os.walk(os.path.join(os.path.dirname(torch.__file__), "include")):
+        for f in files:
+            with open(os.path.join(d, f), "rb") as fh:
+                fh.read()
+
+
+def ratio(r: float) -> str:
+    return f"{r:.2f}x" if r < 10 else f"{r:.0f}x"
+
+
+def fmt(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def main() -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    import torch  # only for its version in the title
+
+    root = tempfile.mkdtemp(prefix="opforge-demo-")
+    # No ccache for either loader (torch >= 2.10 prepends ccache/sccache when on PATH).
+    base = dict(os.environ, OPFORGE_CCACHE="0", TORCH_NO_COMPILER_WRAPPER="1")
+    base.pop("OPFORGE_VERBOSE", None)
+    envs = {
+        "torch": dict(base, TORCH_EXTENSIONS_DIR=os.path.join(root, "torch_extensions")),
+        "opforge": dict(base, OPFORGE_CACHE_DIR=os.path.join(root, "opforge_cache")),
+    }
+    results: dict[tuple[str, str], dict] = {}
+    prime_page_cache()
+    try:
+        for tool in ("torch", "opforge"):
+            for phase in ("cold", "warm"):
+                with console.status(f"{tool} load, {phase} (a new process)…"):
+                    started = time.perf_counter()
+                    results[tool, phase] = r = run_child(tool, envs[tool])
+                console.print(f"  {tool:<8} {phase}: load() {fmt(r['load_s']):>9}   "
+                              f"(whole process {fmt(time.perf_counter() - started)})")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    imp_torch = min(r["import_torch_s"] for r in results.values())
+    table = Table(title=f"{NAME}: load() in a fresh process (torch {torch.__version__}, {os.cpu_count()} cores)",
+                  caption=f"load() call only; import torch ({fmt(imp_torch)}) and the loader's import are "
+                          "outside the clock (its import: torch.utils.cpp_extension vs opforge, in the warm child)")
+    table.add_column("")
+    table.add_column("torch", justify="right")
+    table.add_column("opforge", justify="right")
+    table.add_column("torch/opforge", justify="right")
+    for phase, key, label in (("cold", "load_s", "cold build (empty cache)"),
+                              ("warm", "load_s", "warm load (already built)"),
+                              ("warm", "import_loader_s", "import of the loader")):
+        t, o = results["torch", phase][key], results["opforge", phase][key]
+        table.add_row(label, fmt(t), fmt(o), ratio(t / o))
+    console.print(table)
+    tw, ow = results["torch", "warm"]["load_s"], results["opforge", "warm"]["load_s"]
+    tc, oc = results["torch", "cold"]["load_s"], results["opforge", "cold"]["load_s"]
+    console.print(f"[bold]Warm load: opforge {fmt(ow)} vs torch {fmt(tw)} ({ratio(tw / ow)} faster); "
+                  f"cold build: {fmt(oc)} vs {fmt(tc)} ({ratio(tc / oc)}).[/bold] Both results match torch.")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        child(sys.argv[2])
+    else:
+        main()

@@ -1,0 +1,545 @@
+"""Faults the cache must survive: killed builds, crowds, corrupt binaries, stale inputs,
+unsafe permissions, held locks.
+
+Loads whose result must come from a fresh interpreter (a process cannot unload a module,
+and a binary that is mapped into this process must not be corrupted under it) run in
+subprocesses; the rest run in-process. Every module is a plain CPython-API one (compiles
+in well under a second).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import opforge
+from opforge import settings as settings_mod
+from opforge.build import cache
+from opforge.build.cache import Entry, Layout
+from opforge.build.key import make_spec, sha256_file
+from opforge.build.lock import BuildLock, read_holder
+from opforge.cli.main import main as cli_main
+
+from conftest import ROOT, pymod_source, run_python
+
+GXX = shutil.which("g++")
+needs_gxx = pytest.mark.skipif(GXX is None, reason="needs g++ on PATH")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """Our environment (incl. monkeypatched vars) with opforge importable, plus ``extra``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def _loader_code(name: str, sources: list, catch_timeout: bool = False, **kwargs) -> str:
+    """A script that loads the extension and prints {"value", "file"} as JSON."""
+    load = f"m = opforge.load({name!r}, {[str(s) for s in sources]!r}, **{kwargs!r})"
+    if catch_timeout:
+        load = (
+            "try:\n"
+            f"    {load}\n"
+            "except opforge.LockTimeoutError as exc:\n"
+            "    print('LockTimeoutError: ' + str(exc))\n"
+            "    sys.exit(3)"
+        )
+    return f"import json, sys\nimport opforge\n{load}\nprint(json.dumps({{'value': m.value(), 'file': m.__file__}}))\n"
+
+
+def _load_fresh(code: str, env: dict | None = None, timeout: float = 120) -> tuple[dict, str]:
+    """Run a loader script in a fresh interpreter; its JSON result and its stderr."""
+    res = run_python(code, env=env, timeout=timeout)
+    assert res.returncode == 0, f"loader failed (exit {res.returncode}):\n{res.stderr}"
+    return json.loads(res.stdout.strip().splitlines()[-1]), res.stderr
+
+
+def _cxx_wrapper(tmp_path) -> str:
+    """A CXX that logs its argv to $CXX_LOG and, with $SLOW_MARKER set, touches it and
+    sleeps 60 s before running g++. Neither variable is a build-key input."""
+    path = tmp_path / "bin" / "cxx-wrapper"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "#!/bin/sh\n"
+        'if [ -n "$CXX_LOG" ]; then printf \'%s\\n\' "$*" >> "$CXX_LOG"; fi\n'
+        'if [ -n "$SLOW_MARKER" ]; then touch "$SLOW_MARKER"; sleep 60; fi\n'
+        f'exec {GXX} "$@"\n'
+    )
+    path.chmod(0o755)
+    return str(path)
+
+
+def _compiles(log_path) -> list[str]:
+    try:
+        with open(log_path, encoding="utf-8") as f:
+            lines = [ln.split() for ln in f if ln.strip()]
+    except FileNotFoundError:
+        return []
+    return [" ".join(a) for a in lines if "-c" in a]
+
+
+def _links(log_path) -> list[str]:
+    try:
+        with open(log_path, encoding="utf-8") as f:
+            lines = [ln.split() for ln in f if ln.strip()]
+    except FileNotFoundError:
+        return []
+    return [" ".join(a) for a in lines if "-c" not in a and "--version" not in a and "-o" in a]
+
+
+def _probes(log_path) -> list[str]:
+    try:
+        with open(log_path, encoding="utf-8") as f:
+            return [ln for ln in f if ln.split() == ["--version"]]
+    except FileNotFoundError:
+        return []
+
+
+def _entries(name_dir) -> list[str]:
+    try:
+        return sorted(n for n in os.listdir(name_dir) if not n.startswith("."))
+    except FileNotFoundError:
+        return []
+
+
+def _lock_of(name: str, sources: list) -> str:
+    """The build-lock path a default load() of ``name`` would take, made ready to be taken."""
+    s = settings_mod.current()
+    spec = make_spec(s, name, [str(p) for p in sources], None, None, None, None, None, True, False)
+    layout = Layout(s.cache_dir)
+    os.makedirs(layout.root, mode=0o700, exist_ok=True)
+    os.makedirs(layout.name_dir(name), mode=0o700, exist_ok=True)
+    return layout.lock_path(spec.name, spec.config_key)
+
+
+def _kill_session(sid: int) -> dict[int, str]:
+    """SIGKILL every process of session ``sid`` (one we started); their pid -> command line."""
+    killed = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[3]) != sid:  # state, ppid, pgrp, session
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            os.kill(int(entry), signal.SIGKILL)
+            killed[int(entry)] = cmd
+        except (OSError, IndexError, ValueError):
+            continue
+    return killed
+
+
+class _StderrReader:
+    """Collects a subprocess's stderr lines on a thread; can wait for a line."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, args=(proc,), daemon=True)
+        self._thread.start()
+
+    def _run(self, proc):
+        for line in proc.stderr:
+            with self._cond:
+                self.lines.append(line)
+                self._cond.notify_all()
+
+    def wait_for(self, text: str, timeout: float) -> str | None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for line in self.lines:
+                    if text in line:
+                        return line
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(left)
+
+    def text(self) -> str:
+        self._thread.join(timeout=10)
+        with self._cond:
+            return "".join(self.lines)
+
+
+# --------------------------------------------------------------------------- kill -9
+
+
+@needs_gxx
+def test_kill_9_mid_build_then_fresh_load(cache_dir, make_pymod, monkeypatch, tmp_path):
+    cxx = _cxx_wrapper(tmp_path)  # both processes use it: CXX is part of the key
+    monkeypatch.setenv("CXX", cxx)
+    monkeypatch.setenv("OPFORGE_CCACHE", "0")
+    monkeypatch.delenv("SLOW_MARKER", raising=False)
+    name = "killed_ext"
+    src = make_pymod(name, 11)
+    code = _loader_code(name, [src])
+    lock_path = _lock_of(name, [src])
+    marker = tmp_path / "compiler-started"
+    victim_err = tmp_path / "victim.stderr"
+    with open(victim_err, "w") as err:
+        victim = subprocess.Popen([sys.executable, "-c", code], env=_env(SLOW_MARKER=str(marker)),
+                                  stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            if victim.poll() is not None:
+                pytest.fail(f"the loader exited (rc {victim.returncode}) before compiling:\n{victim_err.read_text()}")
+            if time.monotonic() > deadline:
+                pytest.fail("the compiler wrapper never started")
+            time.sleep(0.02)
+        holder = read_holder(lock_path)
+        assert holder is not None and holder.pid == victim.pid  # it is mid-build, holding the lock
+
+        os.kill(victim.pid, signal.SIGKILL)
+        assert victim.wait(timeout=30) == -signal.SIGKILL
+        assert os.path.exists(lock_path + ".holder")  # it had no chance to clean up
+        # Its ninja and the sleeping wrapper live on, orphaned; the lock must not.
+
+        started = time.monotonic()
+        result, err_text = _load_fresh(code, timeout=120)
+        took = time.monotonic() - started
+        assert result["value"] == 11
+        assert took < 30, f"the fresh load took {took:.1f} s: did it wait for the dead build?"
+        assert "waiting for the build lock" not in err_text
+        assert "interrupted" in err_text and f"pid {victim.pid}" in err_text
+        assert not os.path.exists(lock_path + ".holder")
+        assert len(_entries(cache_dir / name)) == 1
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait()
+        # The orphans (ninja, the wrapper shell, its sleep) are in the victim's session;
+        # ninja puts each command in a process group of its own, so go by session id.
+        _kill_session(victim.pid)
+
+
+# --------------------------------------------------------------------------- crowd
+
+
+@needs_gxx
+def test_eight_processes_build_once(cache_dir, monkeypatch, tmp_path):
+    log = tmp_path / "cxx.log"
+    monkeypatch.setenv("CXX", _cxx_wrapper(tmp_path))
+    monkeypatch.setenv("CXX_LOG", str(log))
+    monkeypatch.setenv("OPFORGE_CCACHE", "0")
+    name = "crowd_ext"
+    srcdir = tmp_path / "src"
+    srcdir.mkdir()
+    main_src = srcdir / "crowd_main.cpp"
+    main_src.write_text(pymod_source(name, "helper_a() + helper_b()", extra="int helper_a(); int helper_b();"))
+    (srcdir / "helper_a.cpp").write_text("int helper_a() { return 40; }\n")
+    (srcdir / "helper_b.cpp").write_text("int helper_b() { return 2; }\n")
+    sources = [main_src, srcdir / "helper_a.cpp", srcdir / "helper_b.cpp"]
+
+    go = tmp_path / "go"
+    # Each process gets torch and opforge imported, says it is ready, and waits for "go".
+    code = (
+        "import os, sys, time\nimport torch, opforge\n"
+        "open(sys.argv[1], 'w').close()\n"
+        f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.005)\n"
+        + _loader_code(name, sources)
+    )
+    n = 8
+    ready = [tmp_path / f"ready-{i}" for i in range(n)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(r)], env=_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for r in ready
+    ]
+    try:
+        deadline = time.monotonic() + 90
+        while not all(r.exists() for r in ready):
+            dead = [p for p in procs if p.poll() is not None]
+            if dead:
+                pytest.fail(f"a loader died before the start: {dead[0].communicate()}")
+            assert time.monotonic() < deadline, "the loaders never got ready"
+            time.sleep(0.02)
+        go.touch()
+        results = []
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+    assert [r["value"] for r in results] == [42] * n
+    assert len({r["file"] for r in results}) == 1  # all got the same entry
+    compiles = _compiles(log)
+    assert len(compiles) == len(sources), "\n".join(compiles)
+    for s in sources:  # once per source
+        assert sum(str(s) in c.split() for c in compiles) == 1, (s, compiles)
+    assert len(_links(log)) == 1, _links(log)
+    # One cold path in all: the others found the published entry once they got the lock
+    # (each build probes `CXX --version` once for the manifest).
+    assert len(_probes(log)) <= 1, _probes(log)
+    assert len(_entries(cache_dir / name)) == 1
+
+
+# --------------------------------------------------------------------------- corrupt binaries
+
+
+def test_corrupt_binary_is_detected_and_rebuilt(cache_dir, make_pymod):
+    name = "corrupt_ext"
+    src = make_pymod(name, 21)
+    code = _loader_code(name, [src])
+    first, _ = _load_fresh(code)  # built in another process: never mapped into this one
+    binary = first["file"]
+    entry = os.path.dirname(binary)
+
+    for how in ("append", "truncate"):
+        size = os.path.getsize(binary)
+        if how == "append":
+            with open(binary, "ab") as f:
+                f.write(b"\0not part of the binary" * 40)
+        else:
+            os.truncate(binary, size // 2)
+        result, err = _load_fresh(code)
+        assert result["value"] == 21, how
+        assert "corrupt" in err, (how, err)
+        assert result["file"] == binary  # the same entry, re-published
+        m = cache.read_manifest(entry)
+        assert m is not None and sha256_file(binary) == m["binary_sha256"], how
+        assert cache.binary_state(Entry(entry, m), full_hash=True) == "ok"
+        assert _entries(cache_dir / name) == [os.path.basename(entry)]
+
+
+def test_cache_verify_finds_corruption_with_size_and_mtime_kept(cache_dir, make_pymod, capsys):
+    name = "verify_ext"
+    src = make_pymod(name, 5)
+    first, _ = _load_fresh(_loader_code(name, [src]))
+    binary = first["file"]
+    entry = os.path.dirname(binary)
+    before = os.stat(binary)
+
+    with open(binary, "r+b") as f:  # flip bytes in place: same size
+        f.seek(before.st_size // 2)
+        chunk = f.read(256)
+        f.seek(before.st_size // 2)
+        f.write(bytes(b ^ 0xFF for b in chunk))
+    os.utime(binary, ns=(before.st_atime_ns, before.st_mtime_ns))  # and the same mtime
+    after = os.stat(binary)
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    m = cache.read_manifest(entry)
+    assert cache.binary_state(Entry(entry, m)) == "ok"  # a stat check cannot see it
+    assert sha256_file(binary) != m["binary_sha256"]
+
+    assert cli_main(["cache", "verify"]) == 1
+    out = capsys.readouterr().out
+    assert "corrupt" in out
+    assert not os.path.exists(entry)
+    assert _entries(cache_dir / name) == []
+
+    assert cli_main(["cache", "verify"]) == 0  # nothing bad left
+    assert "0 corrupt" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- invalidation
+
+
+@needs_gxx
+def test_changed_inputs_never_load_a_stale_binary(cache_dir, monkeypatch, tmp_path):
+    log = tmp_path / "cxx.log"
+    monkeypatch.setenv("CXX", _cxx_wrapper(tmp_path))
+    monkeypatch.setenv("CXX_LOG", str(log))
+    monkeypatch.setenv("OPFORGE_CCACHE", "0")
+    name = "stale_ext"
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    header = inc / "stale_values.h"
+    src = tmp_path / "src" / f"{name}.cpp"
+    src.parent.mkdir()
+
+    def write_source(n: int) -> None:
+        src.write_text(pymod_source(name, f"{n} * 100 + HEADER_VALUE * 10 + VALUE", extra='#include "stale_values.h"'))
+
+    def write_header(n: int) -> None:
+        header.write_text(f"#define HEADER_VALUE {n}\n")
+
+    def load(flag: int, env: dict | None = None) -> tuple[int, str, int]:
+        """(value, binary, compiles it ran) of a load in a fresh process."""
+        before = len(_compiles(log))
+        code = _loader_code(name, [src], extra_cflags=[f"-DVALUE={flag}"], extra_include_paths=[str(inc)])
+        result, _ = _load_fresh(code, env=env)
+        return result["value"], result["file"], len(_compiles(log)) - before
+
+    write_source(1)
+    write_header(1)
+    v1, f1, c1 = load(2)
+    assert (v1, c1) == (112, 1)
+
+    assert load(2) == (112, f1, 0)  # unchanged: warm, no compile
+
+    write_source(2)  # a source
+    v2, f2, c2 = load(2)
+    assert (v2, c2) == (212, 1)
+    assert f2 != f1
+
+    write_header(3)  # an included header (same size, new content)
+    v3, f3, c3 = load(2)
+    assert (v3, c3) == (232, 1)
+    assert f3 != f2
+
+    write_header(1)  # back to the old header: the old entry again, no compile
+    assert load(2) == (212, f2, 0)
+
+    v4, f4, c4 = load(3)  # a flag
+    assert (v4, c4) == (213, 1)
+    assert f4 not in (f1, f2, f3)
+
+    root2 = tmp_path / "other-cache"  # the cache root
+    v5, f5, c5 = load(3, env={"OPFORGE_CACHE_DIR": str(root2)})
+    assert (v5, c5) == (213, 1)
+    assert f5.startswith(str(root2) + os.sep)
+    assert len(_entries(root2 / name)) == 1
+    assert len(_entries(cache_dir / name)) == 4
+
+
+# --------------------------------------------------------------------------- unsafe cache
+
+
+def _build_in_process(name: str, make_pymod, value: int = 5):
+    src = make_pymod(name, value)
+    mod = opforge.load(name, [str(src)])
+    assert mod.value() == value
+    return src, mod
+
+
+@pytest.mark.parametrize("bits", [stat.S_IWGRP, stat.S_IWOTH], ids=["group-writable", "world-writable"])
+def test_writable_by_others_is_refused(cache_dir, make_pymod, bits):
+    name = "unsafe_mode_" + ("g" if bits == stat.S_IWGRP else "o")
+    src, mod = _build_in_process(name, make_pymod)
+    binary = mod.__file__
+    targets = {"name dir": str(cache_dir / name), "entry dir": os.path.dirname(binary), "binary": binary}
+    for what, target in targets.items():
+        mode = stat.S_IMODE(os.lstat(target).st_mode)
+        os.chmod(target, mode | bits)
+        try:
+            with pytest.raises(opforge.UnsafeCacheError) as exc:
+                opforge.load(name, [str(src)])
+            msg = str(exc.value)
+            assert target in msg, what
+            assert f"chmod go-w {target}" in msg, what
+        finally:
+            os.chmod(target, mode)
+    assert opforge.load(name, [str(src)]).value() == 5  # safe again
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown to another user")
+def test_owned_by_another_user_is_refused(cache_dir, make_pymod):
+    name = "unsafe_owner"
+    src, mod = _build_in_process(name, make_pymod)
+    binary = mod.__file__
+    for target in (str(cache_dir / name), os.path.dirname(binary), binary):
+        st = os.lstat(target)
+        os.chown(target, 65534, 65534)
+        try:
+            with pytest.raises(opforge.UnsafeCacheError) as exc:
+                opforge.load(name, [str(src)])
+            msg = str(exc.value)
+            assert target in msg and "65534" in msg
+            assert "OPFORGE_CACHE_DIR" in msg or f"rm -r {target}" in msg  # how to get out of it
+        finally:
+            os.chown(target, st.st_uid, st.st_gid)
+    assert opforge.load(name, [str(src)]).value() == 5
+
+
+def test_binary_replaced_by_symlink_is_refused(cache_dir, make_pymod, tmp_path):
+    name = "unsafe_link"
+    src, mod = _build_in_process(name, make_pymod)
+    binary = mod.__file__
+    real = tmp_path / "elsewhere.so"
+    os.rename(binary, real)  # the same bytes, reached through a link
+    os.symlink(real, binary)
+    try:
+        with pytest.raises(opforge.UnsafeCacheError) as exc:
+            opforge.load(name, [str(src)])
+        msg = str(exc.value)
+        assert "symbolic link" in msg and binary in msg
+        assert f"rm {binary}" in msg
+    finally:
+        os.unlink(binary)
+        os.rename(real, binary)
+    assert opforge.load(name, [str(src)]).value() == 5
+
+
+def test_created_dirs_are_private(cache_dir, make_pymod):
+    old = os.umask(0o002)  # a permissive umask must not leak into the cache
+    try:
+        _, mod = _build_in_process("private_dirs", make_pymod)
+    finally:
+        os.umask(old)
+    entry = os.path.dirname(mod.__file__)
+    for d in (str(cache_dir), str(cache_dir / "private_dirs"), entry):
+        assert stat.S_IMODE(os.stat(d).st_mode) == 0o700, d
+    assert not os.stat(mod.__file__).st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+# --------------------------------------------------------------------------- lock waiting
+
+
+def test_waits_for_the_build_lock_then_loads(cache_dir, make_pymod):
+    name = "lock_wait_ext"
+    src = make_pymod(name, 8)
+    lock = BuildLock(_lock_of(name, [src]), "the test", 5, lambda msg: None)
+    lock.__enter__()
+    released = False
+    proc = subprocess.Popen([sys.executable, "-c", _loader_code(name, [src])], env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        reader = _StderrReader(proc)
+        line = reader.wait_for("waiting for the build lock", timeout=60)
+        assert line is not None, f"no lock notice; rc {proc.poll()}, stderr:\n{''.join(reader.lines)}"
+        assert f"pid {os.getpid()}" in line  # names the holder
+        time.sleep(0.3)
+        assert proc.poll() is None  # still waiting while we hold it
+        assert _entries(cache_dir / name) == []
+        lock.__exit__(None, None, None)
+        released = True
+        out = proc.stdout.read()
+        assert proc.wait(timeout=60) == 0, reader.text()
+        assert json.loads(out.strip().splitlines()[-1])["value"] == 8
+        assert "interrupted" not in reader.text()  # a clean release is not a dead holder
+    finally:
+        if not released:
+            lock.__exit__(None, None, None)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_lock_timeout_names_the_holder(cache_dir, make_pymod):
+    name = "lock_timeout_ext"
+    src = make_pymod(name, 9)
+    with BuildLock(_lock_of(name, [src]), "the test", 5, lambda msg: None):
+        started = time.monotonic()
+        res = run_python(_loader_code(name, [src], catch_timeout=True), env={"OPFORGE_LOCK_TIMEOUT": "1"},
+                         timeout=120)
+        took = time.monotonic() - started
+    assert res.returncode == 3, f"expected LockTimeoutError, rc {res.returncode}\n{res.stdout}\n{res.stderr}"
+    msg = res.stdout
+    assert "LockTimeoutError: " in msg
+    assert f"pid {os.getpid()}" in msg
+    assert "OPFORGE_LOCK_TIMEOUT" in msg
+    assert took < 30
+    assert _entries(cache_dir / name) == []
