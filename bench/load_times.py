@@ -122,45 +122,58 @@ class Bench:
                     say(f"{phase} {ext} {tool} #{i + 1}: {fmt(times[tool][-1])}")
             out[f"{phase}:{ext}"] = {tool: stats(v) for tool, v in times.items()}
 
-    def concurrency(self, tool: str, ext: str, procs: int, timeout: float | None) -> dict:
-        """Wall time of 1 process, then of `procs` processes at once; compiles counted via CXX."""
+    def concurrency(self, tool: str, ext: str, procs: int, timeout: float | None, repeats: int) -> dict:
+        """Wall time of 1 process, then of `procs` processes at once (each `repeats` times, fresh
+        caches every time); compiles counted via CXX. Cells are medians."""
         wrapper = os.path.join(tempfile.mkdtemp(dir=self.tmp), "cxx-wrapper.sh")
         log = wrapper + ".log"
         gxx = shutil.which("g++") or "g++"
         with open(wrapper, "w") as f:
             f.write(f'#!/bin/sh\nprintf "%s\\n" "$*" >> "{log}"\nexec "{gxx}" "$@"\n')
         os.chmod(wrapper, 0o755)
-        result = {}
+        runs: dict[str, list[dict]] = {"single": [], "group": []}
+        for i in range(repeats):
+            for label, n in (("single", 1), ("group", procs)):
+                open(log, "w").close()
+                env = self.fresh_env(CXX=wrapper)
+                started = time.perf_counter()
+                ps = [self.start(tool, ext, env) for _ in range(n)]
+                outcomes = wait_all(ps, None if n == 1 else timeout)
+                wall = time.perf_counter() - started
+                with open(log) as f:
+                    compiles = sum(1 for line in f if "-c" in line.split())
+                runs[label].append({"wall_s": wall, "ok": outcomes.count("ok"), "compiles": compiles,
+                                    "outcome": summarize(outcomes)})
+                say(f"concurrency {tool} {label} #{i + 1}: {fmt(wall)}, {runs[label][-1]['outcome']}, "
+                    f"{compiles} compile(s)")
+                if n == 1 and outcomes[0] != "ok":
+                    raise SystemExit(f"a single {tool} cold build failed: {outcomes[0]}")
+                timeout = timeout or max(120.0, 6 * wall)
+        result = {"timeout_s": timeout}
         for label, n in (("single", 1), ("group", procs)):
-            open(log, "w").close()
-            env = self.fresh_env(CXX=wrapper)
-            started = time.perf_counter()
-            ps = [self.start(tool, ext, env) for _ in range(n)]
-            outcomes = wait_all(ps, None if n == 1 else timeout)
-            wall = time.perf_counter() - started
-            with open(log) as f:
-                compiles = sum(1 for line in f if "-c" in line.split())
-            ok = outcomes.count("ok")
-            result[label] = {"wall_s": wall, "procs": n, "ok": ok, "compiles": compiles,
-                             "outcome": summarize(outcomes)}
-            say(f"concurrency {tool} {label}: {fmt(wall)}, {result[label]['outcome']}, {compiles} compile(s)")
-            if n == 1 and ok != 1:
-                raise SystemExit(f"a single {tool} cold build failed: {outcomes[0]}")
-            timeout = timeout or max(120.0, 6 * wall)
-        result["timeout_s"] = timeout
+            walls = [r["wall_s"] for r in runs[label]]
+            result[label] = {"wall_s": statistics.median(walls), "walls": walls, "procs": n,
+                             "ok": min(r["ok"] for r in runs[label]),
+                             "compiles": max(r["compiles"] for r in runs[label]),
+                             "outcome": "; ".join(sorted({r["outcome"] for r in runs[label]}))}
         return result
 
     def ccache(self, ext: str, repeats: int) -> dict:
         if not shutil.which("ccache"):
             return {"skipped": "ccache is not on PATH"}
         cdir = tempfile.mkdtemp(dir=self.tmp)
-        fill = self.run("opforge", ext, self.fresh_env(OPFORGE_CCACHE="auto", CCACHE_DIR=cdir))["load_s"]
+
+        def env(choice: str) -> dict[str, str]:
+            e = self.fresh_env(OPFORGE_CCACHE=choice, CCACHE_DIR=cdir)
+            e.pop("TORCH_NO_COMPILER_WRAPPER")  # opforge honours it, as torch does: it would turn ccache off
+            return e
+
+        fill = self.run("opforge", ext, env("auto"))["load_s"]
         say(f"ccache fill {ext}: {fmt(fill)}")
         runs = {"hit": [], "off": []}
         for i in range(repeats):
             for kind, choice in (("hit", "auto"), ("off", "0")):
-                runs[kind].append(self.run("opforge", ext, self.fresh_env(OPFORGE_CCACHE=choice,
-                                                                          CCACHE_DIR=cdir))["load_s"])
+                runs[kind].append(self.run("opforge", ext, env(choice))["load_s"])
                 say(f"ccache {kind} {ext} #{i + 1}: {fmt(runs[kind][-1])}")
         return {"ext": ext, "fill_s": fill, **{k: stats(v) for k, v in runs.items()}}
 
@@ -236,9 +249,9 @@ def rows(res: dict) -> list[tuple[str, str, str, str]]:
     conc = res.get("concurrency")
     if conc:
         t, o, n, ext = conc["torch"], conc["opforge"], conc["opforge"]["group"]["procs"], conc["ext"]
-        out.append((f"cold, 1 process, {ext} (process wall)", fmt(t["single"]["wall_s"]),
+        out.append((f"cold, 1 process, {ext} (process wall, median)", fmt(t["single"]["wall_s"]),
                     fmt(o["single"]["wall_s"]), ratio(t["single"]["wall_s"] / o["single"]["wall_s"])))
-        out.append((f"cold, {n} processes at once (group wall)", fmt(t["group"]["wall_s"]),
+        out.append((f"cold, {n} processes at once (group wall, median)", fmt(t["group"]["wall_s"]),
                     fmt(o["group"]["wall_s"]), ratio(t["group"]["wall_s"] / o["group"]["wall_s"])))
         out.append(("group wall / single wall", *(f'{x["group"]["wall_s"] / x["single"]["wall_s"]:.2f}' for x in (t, o)),
                     ""))
@@ -300,7 +313,7 @@ def main() -> None:
         for ext in exts:
             bench.cold_warm(ext, repeats, res["cases"])
         res["concurrency"] = {"ext": conc_ext, **{tool: bench.concurrency(tool, conc_ext, args.procs,
-                                                                          args.group_timeout)
+                                                                          args.group_timeout, repeats)
                                                   for tool in ("opforge", "torch")}}
         if args.ccache:
             res["ccache"] = bench.ccache(conc_ext, repeats)

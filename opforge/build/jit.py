@@ -111,7 +111,8 @@ def find_entry(layout: Layout, spec: BuildSpec, reporter: Reporter, corrupt: lis
             cache.check_safe(entry.binary)
         state = cache.binary_state(entry)
         if state != "ok":
-            reporter.notice(f"cached binary {entry.binary} is {state} (sha256 mismatch with its manifest); rebuilding")
+            why = "corrupt (sha256 mismatch with its manifest)" if state == "corrupt" else "missing"
+            reporter.notice(f"cached binary {entry.binary} is {why}; rebuilding")
             if corrupt is not None:
                 corrupt.append(path)
             continue

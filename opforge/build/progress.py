@@ -38,8 +38,7 @@ class Reporter:
             from rich.console import Console
 
             console = Console(stderr=True)
-            with console.status(f"{title}…") as status:
-                progress._status = status
+            with console.status(progress):  # re-rendered ~12 times a second: the clock keeps moving
                 yield progress
         else:
             self.info(f"{title}…")
@@ -50,16 +49,20 @@ class Reporter:
 
 
 class _Progress:
+    """The status line: title, ninja's last step, elapsed seconds (a rich renderable)."""
+
     def __init__(self, title: str, reporter: Reporter):
         self.title = title
         self.reporter = reporter
         self.start = time.monotonic()
-        self._status = None
+        self._step = ""
 
     def step(self, text: str) -> None:
-        elapsed = time.monotonic() - self.start
-        if self._status is not None:
-            self._status.update(f"{self.title}: {text}… {elapsed:.1f} s")
+        self._step = text
+
+    def __rich__(self) -> str:
+        step = f": {self._step}" if self._step else ""
+        return f"{self.title}{step}… {time.monotonic() - self.start:.1f} s"
 
     def line(self, text: str) -> None:
         """A line of compiler output (shown when verbose)."""
