@@ -138,11 +138,11 @@ def test_derived_flags_follow_torch(spec_of):
     make, _ = spec_of
     spec = make(cflags=["-O3"])
     s = settings.current({"PATH": os.environ["PATH"]})
-    f = flags.derive(spec, s, None)
+    f = flags.derive(spec, s)
     assert "-DTORCH_EXTENSION_NAME=kmod" in f.cflags and f.cflags[-1] == "-O3"
     assert "-fPIC" in f.cflags and "-shared" in f.ldflags and "-ltorch_python" in f.ldflags
     assert "-isystem" in f.cflags
-    standalone = flags.derive(dataclasses.replace(spec, is_standalone=True, is_python_module=False), s, None)
+    standalone = flags.derive(dataclasses.replace(spec, is_standalone=True, is_python_module=False), s)
     assert "-shared" not in standalone.ldflags and "-ltorch_python" not in standalone.ldflags
     assert not any("TORCH_EXTENSION_NAME" in x for x in standalone.cflags)
 

@@ -191,3 +191,20 @@ def test_verbose_reports_the_build(cache_dir, make_pymod):
     assert "built verbose_mod in" in out.stderr
     quiet = run_python(code.replace(", verbose=True", ""), env={"OPFORGE_CACHE_DIR": str(cache_dir)})
     assert quiet.stderr == ""  # warm, not a terminal, not verbose: silent
+
+
+def test_max_jobs_is_handed_to_ninja(cache_dir, make_pymod, monkeypatch):
+    import subprocess as sp
+
+    seen = []
+    real = sp.Popen
+
+    def spy(cmd, *a, **k):
+        seen.append(list(cmd))
+        return real(cmd, *a, **k)
+
+    monkeypatch.setattr(sp, "Popen", spy)
+    monkeypatch.setenv("MAX_JOBS", "1")
+    assert opforge.load("jobs_mod", [str(make_pymod("jobs_mod", 2))]).value() == 2
+    ninja_runs = [c for c in seen if os.path.basename(c[0]) == "ninja" and "-t" not in c]
+    assert ninja_runs and ninja_runs[0][-2:] == ["-j", "1"]

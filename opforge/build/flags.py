@@ -89,7 +89,7 @@ def torch_cxx_std(torch_version: str) -> str:
     return found[0] if found else default_cxx_std(torch_version)
 
 
-def derive(spec: BuildSpec, settings: Settings, cuda_home: str | None) -> Flags:
+def derive(spec: BuildSpec, settings: Settings) -> Flags:
     """All the flags of a build: torch's defaults plus the user's extras."""
     from torch.utils import cpp_extension
 
@@ -119,10 +119,12 @@ def derive(spec: BuildSpec, settings: Settings, cuda_home: str | None) -> Flags:
         if settings.cc:
             cuda_cflags = ["-ccbin", settings.cc, *cuda_cflags]
 
-    torch_lib = os.path.join(spec.torch.root, "lib")
+    lib_dirs = list(cpp_extension.library_paths(device))  # torch's lib dir (+ CUDA's for device="cuda")
+    torch_lib = lib_dirs[0]
     ldflags = [] if spec.is_standalone else ["-shared"]
     ldflags += list(spec.extra_ldflags)
-    ldflags += [f"-L{torch_lib}", "-lc10"]
+    ldflags += [f"-L{p}" for p in lib_dirs]
+    ldflags.append("-lc10")
     if spec.with_cuda:
         ldflags.append("-lc10_cuda")
     ldflags.append("-ltorch_cpu")
@@ -133,11 +135,8 @@ def derive(spec: BuildSpec, settings: Settings, cuda_home: str | None) -> Flags:
         ldflags.append(f"-Wl,-rpath,{torch_lib}")
     else:
         ldflags.append("-ltorch_python")
-    if spec.with_cuda and cuda_home:
-        lib = os.path.join(cuda_home, "lib64")
-        if not os.path.isdir(lib) and os.path.isdir(os.path.join(cuda_home, "lib")):
-            lib = os.path.join(cuda_home, "lib")
-        ldflags += [f"-L{lib}", "-lcudart"]
+    if spec.with_cuda:
+        ldflags.append("-lcudart")
     return Flags(tuple(cflags), tuple(cuda_cflags), tuple(ldflags))
 
 

@@ -225,7 +225,7 @@ def _compile_and_publish(layout: Layout, spec: BuildSpec, s: settings_mod.Settin
     from . import compile as compile_mod, flags as flags_mod
 
     home = toolchain.cuda_home(s) if spec.with_cuda else None
-    flags = flags_mod.derive(spec, s, home)
+    flags = flags_mod.derive(spec, s)
     ccache = toolchain.ccache(s)
     cxx_argv = ([ccache] if ccache else []) + list(cxx.argv)
     nvcc_argv = ([ccache] if ccache else []) + list(toolchain.nvcc(s).argv) if spec.with_cuda else None

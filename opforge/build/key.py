@@ -62,11 +62,13 @@ def check_name(name: object) -> str:
 
 
 def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open(path, "rb", buffering=0) as f:
+        if os.fstat(f.fileno()).st_size <= 1 << 22:  # sources and most binaries: one read
+            return hashlib.sha256(f.readall()).hexdigest()
+        h = hashlib.sha256()
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
-    return h.hexdigest()
+        return h.hexdigest()
 
 
 def digest(obj: object) -> str:
