@@ -115,8 +115,8 @@ def current(env: Mapping[str, str] | None = None) -> Settings:
     )
 
 
-def subprocess_env(settings: Settings, **extra: str) -> dict[str, str]:
-    """The environment for a compiler subprocess: ours plus ``extra``."""
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment for a compiler subprocess: this process's, plus ``extra``."""
     env = dict(os.environ)
     env.update(extra)
     return env

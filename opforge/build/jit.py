@@ -172,8 +172,7 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
     from .lock import BuildLock
 
     cxx = toolchain.cxx(s)  # raises a ToolchainError that names CXX when there is no compiler
-    if spec.with_cuda:
-        toolchain.nvcc(s)
+    nvcc = toolchain.nvcc(s) if spec.with_cuda else None  # likewise, naming CUDA_HOME
     ninja = toolchain.ninja()
     name_dir = layout.name_dir(spec.name)
     cache.ensure_dir(layout.root, layout.root)
@@ -203,7 +202,7 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
             _clean_build_dir(build_dir, own=not build_directory)
         cache.sweep_stale(name_dir)
         cache.ensure_dir(build_dir, layout.root)
-        return _compile_and_publish(layout, spec, s, cxx, ninja, build_dir, reporter)
+        return _compile_and_publish(layout, spec, s, cxx, nvcc, ninja, build_dir, reporter)
 
 
 def _clean_build_dir(build_dir: str, own: bool) -> None:
@@ -221,19 +220,20 @@ def _clean_build_dir(build_dir: str, own: bool) -> None:
 
 
 def _compile_and_publish(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, cxx: toolchain.Tool,
-                         ninja: str, build_dir: str, reporter: Reporter) -> Entry:
+                         nvcc: toolchain.Tool | None, ninja: str, build_dir: str, reporter: Reporter) -> Entry:
     from . import compile as compile_mod, flags as flags_mod
 
     home = toolchain.cuda_home(s) if spec.with_cuda else None
     flags = flags_mod.derive(spec, s)
     ccache = toolchain.ccache(s)
-    cxx_argv = ([ccache] if ccache else []) + list(cxx.argv)
-    nvcc_argv = ([ccache] if ccache else []) + list(toolchain.nvcc(s).argv) if spec.with_cuda else None
+    wrap = [ccache] if ccache else []
+    cxx_argv = wrap + list(cxx.argv)
+    nvcc_argv = wrap + list(nvcc.argv) if nvcc else None
     objects = compile_mod.write_ninja(os.path.join(build_dir, compile_mod.NINJA_FILE), spec, flags, cxx_argv,
                                       nvcc_argv, s.nvcc_gen_deps)
     started = time.time()
     with reporter.building(spec.name, len(spec.sources)) as progress:
-        result = compile_mod.run_ninja(ninja, build_dir, spec, objects, s.max_jobs, settings_mod.subprocess_env(s),
+        result = compile_mod.run_ninja(ninja, build_dir, spec, objects, s.max_jobs, settings_mod.subprocess_env(),
                                        progress)
     took = time.time() - started
 
@@ -261,7 +261,7 @@ def _compile_and_publish(layout: Layout, spec: BuildSpec, s: settings_mod.Settin
         "inputs": spec.describe(),
         "flags": {"cflags": flags.cflags, "cuda_cflags": flags.cuda_cflags, "ldflags": flags.ldflags},
         "compiler": toolchain.probe_version(cxx.argv),
-        "nvcc": toolchain.probe_version(toolchain.nvcc(s).argv) if spec.with_cuda else None,
+        "nvcc": toolchain.probe_version(nvcc.argv) if nvcc else None,
         "ccache": ccache,
         "torch": spec.torch.version,
         "cuda": spec.torch.cuda,

@@ -194,7 +194,7 @@ def default_cxx_std(torch_version: str) -> str:
 
 
 def host_cpu_identity() -> str:
-    """The host CPU's model and feature flags, for builds that use ``-march=native``."""
+    """The host CPU's model and feature flags, for builds tuned to the host (a ``native`` -march, -mtune or -mcpu)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             wanted = {}
