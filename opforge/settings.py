@@ -37,6 +37,8 @@ class Settings:
     ccache: str
     """``OPFORGE_CCACHE``: ``auto`` (ccache or sccache when installed, as torch does), ``0`` (never), or a path.
     ``TORCH_NO_COMPILER_WRAPPER`` set also turns it off, as in torch."""
+    pch: bool
+    """``OPFORGE_PCH``: precompile ``torch/extension.h`` once and share it (GCC; off by default)."""
     cxx: str | None
     """``CXX``: the C++ compiler, as in torch (default ``c++``)."""
     cc: str | None
@@ -105,6 +107,7 @@ def current(env: Mapping[str, str] | None = None) -> Settings:
         lock_timeout=_float(env, "OPFORGE_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT),
         max_jobs=_max_jobs(env.get("MAX_JOBS")),
         ccache="0" if env.get("TORCH_NO_COMPILER_WRAPPER") else (env.get("OPFORGE_CCACHE") or "auto").strip(),
+        pch=_flag(env.get("OPFORGE_PCH")),
         cxx=env.get("CXX") or None,
         cc=env.get("CC") or None,
         cuda_home=env.get("CUDA_HOME") or env.get("CUDA_PATH") or None,

@@ -208,3 +208,28 @@ def test_max_jobs_is_handed_to_ninja(cache_dir, make_pymod, monkeypatch):
     assert opforge.load("jobs_mod", [str(make_pymod("jobs_mod", 2))]).value() == 2
     ninja_runs = [c for c in seen if os.path.basename(c[0]) == "ninja" and "-t" not in c]
     assert ninja_runs and ninja_runs[0][-2:] == ["-j", "1"]
+
+
+def test_shared_precompiled_torch_header(shared_cache, monkeypatch, tmp_path):
+    """OPFORGE_PCH=1: torch/extension.h is precompiled once and -include'd by each such source."""
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(shared_cache))
+    monkeypatch.setenv("OPFORGE_PCH", "1")
+    mods = []
+    for i, scale in enumerate((2, 3)):
+        src = tmp_path / f"pch_ext{i}.cpp"
+        src.write_text(
+            "// a comment first, as real files have\n#include <torch/extension.h>\n"
+            f"torch::Tensor f(torch::Tensor x) {{ return x * {scale}; }}\n"
+            'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("f", &f); }\n'
+        )
+        mods.append(opforge.load(f"pch_ext{i}", [str(src)], extra_cflags=["-O1"]))
+    x = torch.randn(6)
+    torch.testing.assert_close(mods[0].f(x), x * 2)
+    torch.testing.assert_close(mods[1].f(x), x * 3)
+    (pch_dir,) = [p for p in (shared_cache / ".pch").iterdir() if p.is_dir() and not p.name.startswith(".")]
+    assert (pch_dir / "torch_extension.h.gch").stat().st_size > 0
+    for i in range(2):
+        (build,) = [p for p in (shared_cache / f"pch_ext{i}").glob(".build-*") if p.is_dir()]
+        assert f"-include {pch_dir / 'torch_extension.h'}" in (build / "build.log").read_text()
+        manifest = next(p for p in (shared_cache / f"pch_ext{i}").iterdir() if not p.name.startswith("."))
+        assert ".pch" not in (manifest / "manifest.json").read_text()  # an accelerator, not a dependency

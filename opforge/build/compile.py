@@ -61,8 +61,10 @@ def _quote(args) -> str:
 
 
 def write_ninja(path: str, spec: BuildSpec, flags: Flags, cxx_argv: list[str], nvcc_argv: list[str] | None,
-                nvcc_gen_deps: bool) -> dict[str, str]:
-    """Write build.ninja (only when it changed, to keep ninja's state). Returns object -> source."""
+                nvcc_gen_deps: bool, pch_header: str | None = None, pch_sources: frozenset[str] = frozenset()
+                ) -> dict[str, str]:
+    """Write build.ninja (only when it changed, to keep ninja's state). Returns object -> source.
+    Sources in ``pch_sources`` get ``-include pch_header`` (a precompiled header beside it)."""
     objects = object_names(spec.sources, spec.with_cuda)
     lines = []
     w = Writer(_Lines(lines), width=4096)
@@ -83,7 +85,8 @@ def write_ninja(path: str, spec: BuildSpec, flags: Flags, cxx_argv: list[str], n
     mapping = {}
     for src, obj in zip(spec.sources, objects):
         rule = "cuda_compile" if spec.with_cuda and is_cuda_file(src) else "compile"
-        w.build(escape_path(obj), rule, escape_path(src))
+        extra = {"cflags": f"$cflags -include {shlex.quote(pch_header)}"} if pch_header and src in pch_sources else None
+        w.build(escape_path(obj), rule, escape_path(src), variables=extra)
         mapping[obj] = src
     w.build(escape_path(spec.binary_name), "link", [escape_path(o) for o in objects])
     w.default(escape_path(spec.binary_name))

@@ -89,10 +89,25 @@ def verify(root: str, remove: bool = True) -> list[Row]:
     return out
 
 
-def clean(root: str, name: str | None = None, older_than_days: float | None = None) -> list[str]:
-    """Remove entries (all, one extension's, or those older than N days) and idle build dirs."""
+def _discard_if_idle(path: str) -> bool:
+    """Remove a build dir or PCH dir unless a build holds its lock (``<path>.lock``) now."""
     import filelock
 
+    lock = filelock.FileLock(path + ".lock", thread_local=False)
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        return False
+    try:
+        cache.discard(path)
+        return True
+    finally:
+        lock.release()
+
+
+def clean(root: str, name: str | None = None, older_than_days: float | None = None) -> list[str]:
+    """Remove entries (all, one extension's, or those older than N days), idle build dirs and,
+    with no name given, the shared precompiled headers."""
     removed = []
     for row in entries(root, name):
         if older_than_days is not None and row.age_days < older_than_days:
@@ -101,6 +116,8 @@ def clean(root: str, name: str | None = None, older_than_days: float | None = No
         removed.append(row.path)
     if older_than_days is not None:
         return removed
+    if name is None:
+        removed += _clean_pch(root)
     try:
         names = os.listdir(root) if name is None else [name]
     except FileNotFoundError:
@@ -111,18 +128,22 @@ def clean(root: str, name: str | None = None, older_than_days: float | None = No
             continue
         for item in os.listdir(ext_dir):
             path = os.path.join(ext_dir, item)
-            if item.startswith(".build-") and os.path.isdir(path):
-                lock = filelock.FileLock(path + ".lock", thread_local=False)
-                try:
-                    lock.acquire(timeout=0)
-                except filelock.Timeout:
-                    continue  # a build is running there
-                try:
-                    cache.discard(path)
-                    removed.append(path)
-                finally:
-                    lock.release()
+            if item.startswith(".build-") and os.path.isdir(path) and _discard_if_idle(path):
+                removed.append(path)
             elif item.startswith(".src-") and os.path.isdir(path):
                 shutil.rmtree(path, ignore_errors=True)
         cache.sweep_stale(ext_dir)  # .tmp-/.trash- of killed processes; fresh ones may be in use
+    return removed
+
+
+def _clean_pch(root: str) -> list[str]:
+    """The shared precompiled headers (OPFORGE_PCH), each only when its lock is free."""
+    base = os.path.join(root, ".pch")
+    try:
+        items = os.listdir(base)
+    except OSError:
+        return []
+    dirs = [os.path.join(base, i) for i in items if not i.startswith(".") and os.path.isdir(os.path.join(base, i))]
+    removed = [p for p in dirs if _discard_if_idle(p)]
+    cache.sweep_stale(base)
     return removed

@@ -24,7 +24,7 @@ from .. import settings as settings_mod
 from ..errors import BuildError
 from . import cache, deps as deps_mod, toolchain
 from .cache import Entry, Layout
-from .key import BuildSpec, check_name, make_spec
+from .key import BuildSpec, check_name, is_cuda_file, make_spec
 from .progress import Reporter
 
 # The cold path's modules (ninja, filelock, torch's cpp_extension) are imported when a
@@ -229,8 +229,16 @@ def _compile_and_publish(layout: Layout, spec: BuildSpec, s: settings_mod.Settin
     wrap = [ccache] if ccache else []
     cxx_argv = wrap + list(cxx.argv)
     nvcc_argv = wrap + list(nvcc.argv) if nvcc else None
+    pch_header, pch_sources = None, frozenset()
+    if s.pch:
+        from . import pch
+
+        pch_sources = frozenset(src for src in spec.sources
+                                if not (spec.with_cuda and is_cuda_file(src)) and pch.first_include(src) == pch.HEADER)
+        if pch_sources:
+            pch_header = pch.ensure(layout.root, cxx, cxx_argv, flags.cflags, s.lock_timeout, reporter)
     objects = compile_mod.write_ninja(os.path.join(build_dir, compile_mod.NINJA_FILE), spec, flags, cxx_argv,
-                                      nvcc_argv, s.nvcc_gen_deps)
+                                      nvcc_argv, s.nvcc_gen_deps, pch_header, pch_sources)
     started = time.time()
     with reporter.building(spec.name, len(spec.sources)) as progress:
         result = compile_mod.run_ninja(ninja, build_dir, spec, objects, s.max_jobs, settings_mod.subprocess_env(),
@@ -239,7 +247,7 @@ def _compile_and_publish(layout: Layout, spec: BuildSpec, s: settings_mod.Settin
 
     # What the binary was built from: the sources, plus every header the compiler read
     # outside torch, Python, CUDA and the OS (those are covered by the key).
-    system = flags_mod.system_prefixes(spec, home)
+    system = flags_mod.system_prefixes(spec, home) + [os.path.join(layout.root, ".pch")]
     paths = dict.fromkeys(spec.sources)
     for obj_inputs in result.deps.values():
         for p in obj_inputs:
