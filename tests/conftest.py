@@ -59,6 +59,55 @@ def make_pymod(tmp_path):
     return make
 
 
+class CompilerLog:
+    """A CXX wrapper that logs each call's arguments, then runs g++ (or, with $SLOW_MARKER
+    set, first touches that file and sleeps 60 s, to be killed mid-build). Neither
+    CXX_LOG nor SLOW_MARKER is a build-key input; CXX is, so a test's processes share it."""
+
+    def __init__(self, directory):
+        self.log = directory / "cxx.log"
+        self.path = directory / "bin" / "cxx-wrapper"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(
+            "#!/bin/sh\n"
+            'if [ -n "$CXX_LOG" ]; then printf \'%s\\n\' "$*" >> "$CXX_LOG"; fi\n'
+            'if [ -n "$SLOW_MARKER" ]; then touch "$SLOW_MARKER"; sleep 60; fi\n'
+            f'exec {shutil.which("g++") or "g++"} "$@"\n'
+        )
+        self.path.chmod(0o755)
+
+    def calls(self) -> list[list[str]]:
+        try:
+            return [ln.split() for ln in self.log.read_text().splitlines() if ln.strip()]
+        except FileNotFoundError:
+            return []
+
+    def compiles(self) -> list[str]:
+        return [" ".join(a) for a in self.calls() if "-c" in a]
+
+    def links(self) -> list[str]:
+        return [" ".join(a) for a in self.calls() if "-c" not in a and "-o" in a]
+
+    def probes(self) -> list[list[str]]:
+        """``CXX --version``: each cold path runs it once, for the manifest."""
+        return [a for a in self.calls() if a == ["--version"]]
+
+    def clear(self) -> None:
+        self.log.write_text("")
+
+
+@pytest.fixture
+def counting_cxx(tmp_path, monkeypatch):
+    """CXX (and CXX_LOG) pointed at a logging g++ wrapper; see CompilerLog."""
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++ on PATH")
+    cxx = CompilerLog(tmp_path)
+    monkeypatch.setenv("CXX", str(cxx.path))
+    monkeypatch.setenv("CXX_LOG", str(cxx.log))
+    monkeypatch.delenv("SLOW_MARKER", raising=False)
+    return cxx
+
+
 @pytest.fixture(scope="session")
 def shared_cache(tmp_path_factory):
     """One cache for the whole session, for builds that include torch's headers."""

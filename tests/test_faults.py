@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import stat
 import subprocess
@@ -31,8 +30,6 @@ from opforge.cli.main import main as cli_main
 
 from conftest import ROOT, pymod_source, run_python
 
-GXX = shutil.which("g++")
-needs_gxx = pytest.mark.skipif(GXX is None, reason="needs g++ on PATH")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -65,47 +62,6 @@ def _load_fresh(code: str, env: dict | None = None, timeout: float = 120) -> tup
     res = run_python(code, env=env, timeout=timeout)
     assert res.returncode == 0, f"loader failed (exit {res.returncode}):\n{res.stderr}"
     return json.loads(res.stdout.strip().splitlines()[-1]), res.stderr
-
-
-def _cxx_wrapper(tmp_path) -> str:
-    """A CXX that logs its argv to $CXX_LOG and, with $SLOW_MARKER set, touches it and
-    sleeps 60 s before running g++. Neither variable is a build-key input."""
-    path = tmp_path / "bin" / "cxx-wrapper"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        "#!/bin/sh\n"
-        'if [ -n "$CXX_LOG" ]; then printf \'%s\\n\' "$*" >> "$CXX_LOG"; fi\n'
-        'if [ -n "$SLOW_MARKER" ]; then touch "$SLOW_MARKER"; sleep 60; fi\n'
-        f'exec {GXX} "$@"\n'
-    )
-    path.chmod(0o755)
-    return str(path)
-
-
-def _compiles(log_path) -> list[str]:
-    try:
-        with open(log_path, encoding="utf-8") as f:
-            lines = [ln.split() for ln in f if ln.strip()]
-    except FileNotFoundError:
-        return []
-    return [" ".join(a) for a in lines if "-c" in a]
-
-
-def _links(log_path) -> list[str]:
-    try:
-        with open(log_path, encoding="utf-8") as f:
-            lines = [ln.split() for ln in f if ln.strip()]
-    except FileNotFoundError:
-        return []
-    return [" ".join(a) for a in lines if "-c" not in a and "--version" not in a and "-o" in a]
-
-
-def _probes(log_path) -> list[str]:
-    try:
-        with open(log_path, encoding="utf-8") as f:
-            return [ln for ln in f if ln.split() == ["--version"]]
-    except FileNotFoundError:
-        return []
 
 
 def _entries(name_dir) -> list[str]:
@@ -181,12 +137,7 @@ class _StderrReader:
 # --------------------------------------------------------------------------- kill -9
 
 
-@needs_gxx
-def test_kill_9_mid_build_then_fresh_load(cache_dir, make_pymod, monkeypatch, tmp_path):
-    cxx = _cxx_wrapper(tmp_path)  # both processes use it: CXX is part of the key
-    monkeypatch.setenv("CXX", cxx)
-    monkeypatch.setenv("OPFORGE_CCACHE", "0")
-    monkeypatch.delenv("SLOW_MARKER", raising=False)
+def test_kill_9_mid_build_then_fresh_load(cache_dir, make_pymod, counting_cxx, tmp_path):
     name = "killed_ext"
     src = make_pymod(name, 11)
     code = _loader_code(name, [src])
@@ -233,12 +184,7 @@ def test_kill_9_mid_build_then_fresh_load(cache_dir, make_pymod, monkeypatch, tm
 # --------------------------------------------------------------------------- crowd
 
 
-@needs_gxx
-def test_eight_processes_build_once(cache_dir, monkeypatch, tmp_path):
-    log = tmp_path / "cxx.log"
-    monkeypatch.setenv("CXX", _cxx_wrapper(tmp_path))
-    monkeypatch.setenv("CXX_LOG", str(log))
-    monkeypatch.setenv("OPFORGE_CCACHE", "0")
+def test_eight_processes_build_once(cache_dir, counting_cxx, tmp_path):
     name = "crowd_ext"
     srcdir = tmp_path / "src"
     srcdir.mkdir()
@@ -285,14 +231,14 @@ def test_eight_processes_build_once(cache_dir, monkeypatch, tmp_path):
 
     assert [r["value"] for r in results] == [42] * n
     assert len({r["file"] for r in results}) == 1  # all got the same entry
-    compiles = _compiles(log)
+    compiles = counting_cxx.compiles()
     assert len(compiles) == len(sources), "\n".join(compiles)
     for s in sources:  # once per source
         assert sum(str(s) in c.split() for c in compiles) == 1, (s, compiles)
-    assert len(_links(log)) == 1, _links(log)
+    assert len(counting_cxx.links()) == 1, counting_cxx.links()
     # One cold path in all: the others found the published entry once they got the lock
     # (each build probes `CXX --version` once for the manifest).
-    assert len(_probes(log)) <= 1, _probes(log)
+    assert len(counting_cxx.probes()) <= 1, counting_cxx.probes()
     assert len(_entries(cache_dir / name)) == 1
 
 
@@ -357,12 +303,7 @@ def test_cache_verify_finds_corruption_with_size_and_mtime_kept(cache_dir, make_
 # --------------------------------------------------------------------------- invalidation
 
 
-@needs_gxx
-def test_changed_inputs_never_load_a_stale_binary(cache_dir, monkeypatch, tmp_path):
-    log = tmp_path / "cxx.log"
-    monkeypatch.setenv("CXX", _cxx_wrapper(tmp_path))
-    monkeypatch.setenv("CXX_LOG", str(log))
-    monkeypatch.setenv("OPFORGE_CCACHE", "0")
+def test_changed_inputs_never_load_a_stale_binary(cache_dir, counting_cxx, tmp_path):
     name = "stale_ext"
     inc = tmp_path / "inc"
     inc.mkdir()
@@ -378,10 +319,10 @@ def test_changed_inputs_never_load_a_stale_binary(cache_dir, monkeypatch, tmp_pa
 
     def load(flag: int, env: dict | None = None) -> tuple[int, str, int]:
         """(value, binary, compiles it ran) of a load in a fresh process."""
-        before = len(_compiles(log))
+        before = len(counting_cxx.compiles())
         code = _loader_code(name, [src], extra_cflags=[f"-DVALUE={flag}"], extra_include_paths=[str(inc)])
         result, _ = _load_fresh(code, env=env)
-        return result["value"], result["file"], len(_compiles(log)) - before
+        return result["value"], result["file"], len(counting_cxx.compiles()) - before
 
     write_source(1)
     write_header(1)

@@ -124,11 +124,12 @@ def read_manifest(entry_dir: str) -> dict | None:
 
 
 def binary_state(entry: Entry, full_hash: bool = False) -> str:
-    """'ok', 'missing' or 'corrupt'. Stat first; hash only when the stat moved (or asked)."""
+    """'ok', 'missing' or 'corrupt'. One ``lstat`` (which also refuses an unsafe binary, see
+    ``check_safe``); the contents are hashed only when the stat moved, or when asked."""
     m = entry.manifest
     try:
-        st = os.stat(entry.binary)
-    except OSError:
+        st = check_safe(entry.binary)
+    except (FileNotFoundError, NotADirectoryError):
         return "missing"
     if st.st_size != m["binary_size"]:
         return "corrupt"

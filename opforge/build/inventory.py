@@ -12,6 +12,7 @@ import shutil
 import time
 from dataclasses import dataclass
 
+from ..errors import UnsafeCacheError
 from . import cache
 from .cache import Entry
 
@@ -81,7 +82,10 @@ def verify(root: str, remove: bool = True) -> list[Row]:
         status = row.status
         if status == "ok":
             m = cache.read_manifest(row.path)
-            status = cache.binary_state(Entry(row.path, m), full_hash=True) if m else "bad manifest"
+            try:
+                status = cache.binary_state(Entry(row.path, m), full_hash=True) if m else "bad manifest"
+            except UnsafeCacheError:
+                status = "unsafe (a link, another owner, or writable by others)"
         if status != "ok" and remove:
             cache.discard(row.path)
             status += ", removed"

@@ -1,8 +1,8 @@
 """An optional precompiled ``torch/extension.h``, shared by every extension (``OPFORGE_PCH=1``).
 
-Measured here (g++ 12, torch 2.13, ``-O2``, ``examples/demo_ext``): the header costs
-45 s and 790 MB to precompile once; a source that starts with it then compiles in 13.5 s
-instead of 26 s. So it pays from the third extension built with the same flags, and it
+Measured here (g++ 12 alone, torch 2.13, ``-O2``, ``examples/demo_ext``, 2026-11-22):
+the header costs 45 s and a 790 MB file to precompile once; a source that starts with it
+then compiles in 13.5 s instead of 26 s (docs/benchmarks.md has the figures through opforge). So it pays from the third extension built with the same flags, and it
 is off by default: the first build would be slower than torch's.
 
 How: the PCH is built with the extension's own C++ flags (less ``TORCH_EXTENSION_NAME``,
