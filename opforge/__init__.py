@@ -3,6 +3,9 @@
 ``opforge.load`` and ``opforge.load_inline`` are drop-ins for
 ``torch.utils.cpp_extension.load``/``load_inline`` over a content-addressed cache whose
 warm path is a stat and an import.
+
+``Extension`` declares one implementation of a kernel kind; ``KernelLoader`` picks the
+best one for this machine and falls back, saying why (``opforge.kernel_loader``).
 """
 
 from __future__ import annotations
@@ -18,10 +21,32 @@ from .errors import (  # noqa: E402
     UnsafeCacheError,
 )
 from .build.jit import load, load_inline  # noqa: E402
+from .decision import Accepted, Decision, Rejected  # noqa: E402
+from .extension import (  # noqa: E402
+    CppExtension,
+    CudaExtension,
+    Extension,
+    KernelFallbackWarning,
+    LoadedKernel,
+    TorchExtension,
+    TritonExtension,
+)
+from .loader import KernelLoader  # noqa: E402
 
 __all__ = [
     "load",
     "load_inline",
+    "Accepted",
+    "Decision",
+    "Rejected",
+    "Extension",
+    "CppExtension",
+    "CudaExtension",
+    "TritonExtension",
+    "TorchExtension",
+    "KernelLoader",
+    "KernelFallbackWarning",
+    "LoadedKernel",
     "BuildError",
     "CacheError",
     "LockTimeoutError",

@@ -53,6 +53,13 @@ class Settings:
     """False when ``TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES=1`` (as in torch)."""
     path: str
     """``PATH``: where compilers are looked up."""
+    aot_build: str
+    """``OPFORGE_BUILD``: at ``pip install``, the kernels to prebuild into ``opforge._C``:
+    ``all``, or a comma list of kinds and extension names. Empty: a pure-Python install."""
+    cuda_visible_devices: str | None = None
+    """``CUDA_VISIBLE_DEVICES``: read to list GPUs without initialising CUDA (see ``platform.py``)."""
+    cuda_device_order: str | None = None
+    """``CUDA_DEVICE_ORDER``: how CUDA numbers GPUs (``PCI_BUS_ID`` matches NVML's order)."""
 
     def build_env(self) -> tuple[tuple[str, str], ...]:
         """The variables that change a binary, as (name, value) pairs for the build key."""
@@ -115,6 +122,9 @@ def current(env: Mapping[str, str] | None = None) -> Settings:
         cuda_arch_list=env.get("TORCH_CUDA_ARCH_LIST") or None,
         nvcc_gen_deps=env.get("TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES", "0") != "1",
         path=env.get("PATH", os.defpath),
+        aot_build=(env.get("OPFORGE_BUILD") or "").strip(),
+        cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
+        cuda_device_order=env.get("CUDA_DEVICE_ORDER"),
     )
 
 

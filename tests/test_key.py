@@ -7,7 +7,8 @@ import os
 import re
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from opforge import settings
 from opforge.build import deps, flags, key
@@ -155,3 +156,39 @@ def test_cxx_std_is_torchs_own(monkeypatch):
     monkeypatch.delattr(cpp_extension, "_write_ninja_file_to_build_library")  # private: fall back on the version
     assert flags.torch_cxx_std("2.13.0") == "-std=c++20"
     assert flags.torch_cxx_std("2.11.0") == "-std=c++17"
+
+
+def test_stable_abi_key_survives_a_torch_upgrade_and_names_its_target():
+    from dataclasses import replace
+
+    from opforge.build.key import BuildSpec
+    from opforge.build.toolchain import TorchFacts
+
+    t211 = TorchFacts("2.11.0+cu130", "aaa", "13.0", None, True, "/venv/torch", "cpython-312", ".so", "x86_64")
+    t213 = replace(t211, version="2.13.0+cu130", git_version="bbb")
+    args = ("ext", ("/s/a.cpp",), ("d" * 64,), (), (), (), (), False, False, False, None, None)
+    stable_old = BuildSpec(*args, t211, (), stable_abi="2.10")
+    stable_new = BuildSpec(*args, t213, (), stable_abi="2.10")
+    assert stable_old.input_key == stable_new.input_key
+    assert stable_old.torch_key() == ("stable-abi", "2.10", "13.0", None, True, "x86_64")
+    assert stable_old.describe()["stable_abi"] == "2.10"  # the manifest says what the key was
+    # A CUDA major change, or another stable target, is another binary.
+    assert BuildSpec(*args, replace(t213, cuda="12.8"), (), stable_abi="2.10").input_key != stable_new.input_key
+    assert BuildSpec(*args, t213, (), stable_abi="2.11").input_key != stable_new.input_key
+    # Torch's C++ API binaries are keyed on the exact torch.
+    assert BuildSpec(*args, t211, ()).input_key != BuildSpec(*args, t213, ()).input_key
+
+
+def test_stable_abi_build_needs_a_library_and_a_recent_torch(cache_dir, tmp_path):
+    import opforge
+    from opforge import settings
+    from opforge.build import key
+    from opforge.errors import ToolchainError
+
+    src = tmp_path / "a.cpp"
+    src.write_text("int f() { return 1; }\n")
+    with pytest.raises(ValueError, match="is_python_module=False"):
+        key.make_spec(settings.current(), "st", [str(src)], None, None, None, None, False, True, False, "2.10")
+    with pytest.raises(ToolchainError, match="upgrade torch to >= 9.0"):
+        key.make_spec(settings.current(), "st", [str(src)], None, None, None, None, False, False, False, "9.0")
+    assert opforge  # imported for the side effect of a full package import

@@ -16,7 +16,7 @@ import sysconfig
 from dataclasses import dataclass
 
 from ..settings import Settings
-from .key import BuildSpec
+from .key import BuildSpec, stable_abi_macro
 from .toolchain import default_cxx_std
 
 _STD_RE = re.compile(r"['\"](-std=c\+\+\d\d)['\"]")
@@ -96,10 +96,12 @@ def derive(spec: BuildSpec, settings: Settings) -> Flags:
     device = "cuda" if spec.with_cuda else "cpu"
     system_includes = list(cpp_extension.include_paths(device))
     py_include = sysconfig.get_path("include", scheme="posix_prefix")
-    if py_include:
+    if py_include and not spec.stable_abi:
         system_includes.append(py_include)
     common = []
-    if not spec.is_standalone:
+    if spec.stable_abi:  # a plain library on the stable C ABI: no Python, no torch C++ API
+        common += [stable_abi_macro(spec.stable_abi)]
+    elif not spec.is_standalone:
         common += [f"-DTORCH_EXTENSION_NAME={spec.name}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
     common += [f"-D_GLIBCXX_USE_CXX11_ABI={int(spec.torch.cxx11_abi)}"]
     common += [f"-I{p}" for p in spec.extra_include_paths]
@@ -133,7 +135,7 @@ def derive(spec: BuildSpec, settings: Settings) -> Flags:
     ldflags.append("-ltorch")
     if spec.is_standalone:
         ldflags.append(f"-Wl,-rpath,{torch_lib}")
-    else:
+    elif not spec.stable_abi:
         ldflags.append("-ltorch_python")
     if spec.with_cuda:
         ldflags.append("-lcudart")

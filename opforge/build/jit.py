@@ -83,6 +83,12 @@ def load_spec(spec: BuildSpec, s: settings_mod.Settings, build_directory: str | 
     return result
 
 
+def ensure_built(spec: BuildSpec, s: settings_mod.Settings, reporter: Reporter) -> Entry:
+    """Build into the cache unless a valid entry is there already; load nothing."""
+    layout = Layout(s.cache_dir)
+    return find_entry(layout, spec, reporter) or _build(layout, spec, s, None, reporter, [])
+
+
 def find_entry(layout: Layout, spec: BuildSpec, reporter: Reporter, corrupt: list | None = None) -> Entry | None:
     """The warm path: a published entry whose recorded inputs all still hold, else None."""
     if spec.toolchain_missing:

@@ -96,6 +96,10 @@ class BuildSpec:
     env: tuple[tuple[str, str], ...]
     cuda_archs: str = ""
     cpu_identity: str = ""
+    stable_abi: str = ""
+    """``"2.10"`` etc. for sources built on the LibTorch stable ABI (``TORCH_TARGET_VERSION``):
+    the binary runs on that torch and every later one, so the key carries this target in
+    place of the exact torch version. Empty for sources that use torch's C++ API."""
     format: int = field(default=BUILD_FORMAT)
 
     @property
@@ -117,8 +121,23 @@ class BuildSpec:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source_digests"}
         data["cxx"] = self.cxx.identity if self.cxx else ""
         data["nvcc"] = self.nvcc.identity if self.nvcc else ""
-        data["torch"] = self.torch.as_tuple()
+        data["torch"] = self.torch_key()
         return data
+
+    def torch_key(self) -> tuple:
+        """What about torch the binary depends on: its exact build for torch's C++ API; only
+        the stable ABI target (plus CUDA/HIP, the C++ ABI and the machine) on the stable ABI.
+
+        >>> from opforge.build.toolchain import TorchFacts
+        >>> t = TorchFacts("2.13.0+cpu", "abc", None, None, True, "/t", "cpython-311", ".so", "x86_64")
+        >>> spec = BuildSpec("e", (), (), (), (), (), (), False, False, False, None, None, t, (), stable_abi="2.10")
+        >>> spec.torch_key()
+        ('stable-abi', '2.10', None, None, True, 'x86_64')
+        """
+        t = self.torch
+        if self.stable_abi:
+            return ("stable-abi", self.stable_abi, t.cuda, t.hip, t.cxx11_abi, t.machine)
+        return t.as_tuple()
 
     @functools.cached_property
     def config_key(self) -> str:
@@ -175,6 +194,7 @@ def make_spec(
     with_cuda: bool | None,
     is_python_module: bool,
     is_standalone: bool,
+    stable_abi: str = "",
 ) -> BuildSpec:
     """Check the request and gather its key inputs. Raises ValueError on bad input."""
     check_name(name)
@@ -220,6 +240,8 @@ def make_spec(
             )
         nvcc = toolchain.find_nvcc(settings)
         archs = cuda_arch_key(settings, cuda_cflags)
+    if stable_abi:
+        check_stable_abi(name, stable_abi, torch_facts.version, is_python_module)
     native = any(_NATIVE_RE.match(f) for f in cflags + cuda_cflags)
     return BuildSpec(
         name=name,
@@ -238,5 +260,36 @@ def make_spec(
         env=settings.build_env(),
         cuda_archs=archs,
         cpu_identity=toolchain.host_cpu_identity() if native else "",
+        stable_abi=stable_abi,
     )
+
+
+def version_tuple(version: str) -> tuple[int, int]:
+    """``"2.13.0+cpu"`` -> ``(2, 13)``.
+
+    >>> version_tuple("2.11.0a0+git123"), version_tuple("2.10")
+    ((2, 11), (2, 10))
+    """
+    parts = version.split("+")[0].split(".")
+    return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+
+
+def stable_abi_macro(target: str) -> str:
+    """The ``TORCH_TARGET_VERSION`` define for a stable ABI target.
+
+    >>> stable_abi_macro("2.10")
+    '-DTORCH_TARGET_VERSION=0x020a000000000000'
+    """
+    major, minor = version_tuple(target)
+    return f"-DTORCH_TARGET_VERSION=0x{major:02x}{minor:02x}000000000000"
+
+
+def check_stable_abi(name: str, target: str, torch_version: str, is_python_module: bool) -> None:
+    if is_python_module:
+        raise ValueError(f"extension {name!r}: a stable-ABI build is a plain library; pass is_python_module=False")
+    if version_tuple(torch_version) < version_tuple(target):
+        raise ToolchainError(
+            f"extension {name!r} targets the LibTorch stable ABI of torch {target}, but torch {torch_version} "
+            f"is installed: upgrade torch to >= {target}"
+        )
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import cache_cmd
+from . import build_cmd, cache_cmd, doctor_cmd, report_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="opforge", description="Build, cache and load PyTorch kernels.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    report_cmd.add_parser(sub)
+    doctor_cmd.add_parser(sub)
+    build_cmd.add_parser(sub)
     cache_cmd.add_parser(sub)
     return parser
 

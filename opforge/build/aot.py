@@ -1,0 +1,186 @@
+"""Ahead-of-time builds at ``pip install``: ``OPFORGE_BUILD=all`` (or a comma list of kinds
+and extension names) compiles those extensions into ``opforge/_C`` with setuptools and
+torch's ``BuildExtension``, and records what they were built against in
+``opforge/_C/build_info.json`` (see ``prebuilt.py``).
+
+* Every x86 ISA variant is built on an x86 host (explicit ``-m`` flags, never
+  ``-march=native``), so one wheel runs on any x86 machine; the loader picks at run time.
+* A plain ``pip install .`` builds nothing: ``setup.py`` imports this module only when
+  ``OPFORGE_BUILD`` is set.
+* torch must be importable by the build. pip's build isolation hides the installed one, so
+  use ``--no-build-isolation``; without torch this module stops with a message that says so
+  (we don't list torch as a build requirement: pip would fetch a multi-GB CUDA wheel into
+  the isolated environment, and it might not match the torch the kernels run with).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+
+from ..decision import Accepted, Decision, Rejected
+from ..errors import OpforgeError
+
+PACKAGE = "opforge._C"
+_OFF = ("", "0", "none", "no", "off")
+
+
+def torch_or_explain(request: str):
+    try:
+        import torch
+    except ImportError:
+        raise OpforgeError(
+            f"OPFORGE_BUILD={request} builds kernels against torch, but torch can't be imported in this build "
+            "environment. pip's build isolation hides the installed torch: install torch first, then run "
+            f"`OPFORGE_BUILD={request} pip install --no-build-isolation .` (or `pip wheel --no-build-isolation .`)."
+        ) from None
+    return torch
+
+
+def parse_request(request: str, extensions: dict) -> list:
+    """The extension classes ``OPFORGE_BUILD`` names: ``all``, or kinds and names, comma-separated.
+
+    >>> class E:
+    ...     def __init__(self, name, kind, aot=True): self.name, self.kind, self.support_aot = name, kind, aot
+    >>> exts = {e.name: e for e in (E("a_avx2", "a"), E("a_torch", "a", False), E("b_cuda", "b"))}
+    >>> [e.name for e in parse_request("all", exts)]
+    ['a_avx2', 'b_cuda']
+    >>> [e.name for e in parse_request("a, b_cuda", exts)]
+    ['a_avx2', 'b_cuda']
+    >>> parse_request("c", exts)
+    Traceback (most recent call last):
+    ...
+    ValueError: OPFORGE_BUILD: unknown kernel kind or extension 'c'. Known kinds: a, b; extensions: a_avx2, b_cuda; or 'all'
+    """
+    if request.strip().lower() in _OFF:
+        return []
+    aot = {n: e for n, e in extensions.items() if e.support_aot}
+    kinds = sorted({e.kind for e in aot.values()})
+    chosen: dict[str, object] = {}
+    for token in (t.strip() for t in request.split(",")):
+        if not token:
+            continue
+        if token.lower() == "all":
+            chosen.update(aot)
+        elif token in aot:
+            chosen[token] = aot[token]
+        elif token in kinds:
+            chosen.update({n: e for n, e in aot.items() if e.kind == token})
+        else:
+            raise ValueError(f"OPFORGE_BUILD: unknown kernel kind or extension {token!r}. Known kinds: "
+                             f"{', '.join(kinds)}; extensions: {', '.join(sorted(aot))}; or 'all'")
+    return sorted(chosen.values(), key=lambda e: e.name)
+
+
+def buildable(ext, machine: str, torch_cuda: str | None, has_nvcc: bool) -> Decision:
+    """Can this build host produce the extension (whatever CPU it runs on)?"""
+    if ext.backend == "cpp":
+        isa = getattr(ext, "isa", None)
+        if isa is not None and not isa.buildable_on(machine):
+            return Rejected(f"{isa.label} code can't be built on {machine}")
+        return Accepted()
+    if ext.backend == "cuda":
+        if torch_cuda is None:
+            return Rejected("this torch has no CUDA")
+        if not has_nvcc:
+            return Rejected("nvcc not found (set CUDA_HOME)")
+        return Accepted()
+    return Rejected(f"a {ext.backend} extension has nothing to build")
+
+
+def setup_kwargs(request: str | None = None) -> dict:
+    """``ext_modules`` and ``cmdclass`` for ``setup()``, from ``OPFORGE_BUILD``."""
+    from .. import settings as settings_mod
+
+    s = settings_mod.current()
+    request = s.aot_build if request is None else request
+    if request.strip().lower() in _OFF:
+        return {}
+    torch = torch_or_explain(request)
+    from ..loader import loaders
+    from . import toolchain
+
+    all_exts = {e.name: e for cls in loaders().values() for e in cls.extensions()}
+    wanted = parse_request(request, all_exts)
+    machine = os.uname().machine
+    has_nvcc = toolchain.find_nvcc(s) is not None
+    modules, skipped = [], []
+    for ext in wanted:
+        verdict = buildable(ext, machine, torch.version.cuda, has_nvcc)
+        if verdict:
+            modules.append(ext.build_aot(PACKAGE))
+        else:
+            skipped.append(f"{ext.name} ({verdict.reason})")
+    print(f"opforge: OPFORGE_BUILD={request}: building {', '.join(m.name.split('.')[-1] for m in modules) or 'nothing'}")
+    if skipped:
+        print(f"opforge: not built here: {'; '.join(skipped)}")
+    return {"ext_modules": modules, "cmdclass": {"build_ext": build_ext_class(all_exts)}}
+
+
+def build_ext_class(extensions: dict):
+    """torch's BuildExtension, timing each kernel and writing ``build_info.json`` at the end."""
+    import torch
+    from torch.utils.cpp_extension import BuildExtension
+
+    class OpforgeBuildExt(BuildExtension):
+        def build_extension(self, ext):
+            started = time.time()
+            super().build_extension(ext)
+            print(f"opforge: built {ext.name} in {time.time() - started:.1f} s")
+
+        def run(self):
+            super().run()
+            records = {}
+            out_dir = None
+            for ext in self.extensions:
+                name = ext.name.rsplit(".", 1)[-1]
+                path = self.get_ext_fullpath(ext.name)
+                out_dir = os.path.dirname(path)
+                decl = extensions[name]
+                with open(path, "rb") as f:
+                    digest = hashlib.sha256(f.read()).hexdigest()
+                records[name] = {
+                    "file": os.path.basename(path),
+                    "sha256": digest,
+                    "kind": decl.kind,
+                    "backend": decl.backend,
+                    "isa": getattr(getattr(decl, "isa", None), "name", None),
+                    "stable_abi": getattr(decl, "stable_abi", None),
+                    "cflags": list(ext.extra_compile_args.get("cxx", [])) if isinstance(ext.extra_compile_args, dict)
+                    else list(ext.extra_compile_args or []),
+                }
+            if out_dir is None:
+                return
+            write_build_info(out_dir, records, torch)
+
+    return OpforgeBuildExt
+
+
+def write_build_info(out_dir: str, records: dict, torch) -> None:
+    from .. import __version__, prebuilt
+    from .. import settings as settings_mod
+    from . import toolchain
+
+    cxx = toolchain.find_cxx(settings_mod.current())
+    info = {
+        "format": prebuilt.FORMAT,
+        "opforge": __version__,
+        "built_at": time.time(),
+        "compiler": toolchain.probe_version(cxx.argv) if cxx else None,
+        "torch": str(torch.__version__),
+        "torch_git": str(getattr(torch.version, "git_version", "")),
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "cxx11_abi": bool(torch.compiled_with_cxx11_abi()),
+        "python_tag": toolchain.torch_facts().python_tag,
+        "machine": os.uname().machine,
+        "extensions": records,
+    }
+    path = os.path.join(out_dir, prebuilt.INFO_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(info, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+    print(f"opforge: recorded {len(records)} prebuilt kernels in {path}")

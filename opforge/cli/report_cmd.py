@@ -1,0 +1,324 @@
+"""``opforge report [--json] [KIND...]``: what works on this machine, and why.
+
+For each kernel kind, every implementation in the order the loader tries them: whether
+the hardware it needs is here (*available*), whether it can be built and run with this
+software (*compatible*), its state (prebuilt / cached / needs build / ready), and which
+one the loader would choose. Then the facts those decisions were made from (the
+:class:`~opforge.platform.Platform`) and the prebuilt record of the package.
+
+Output is a set of rich tables when stdout is a terminal, plain aligned text otherwise
+(no ANSI escapes), or JSON with ``--json``.
+
+JSON schema ``opforge.report/1``. Keys are only ever added within a schema version;
+a removed or re-typed key gets a new version.
+
+* ``schema`` (str): ``"opforge.report/1"``.
+* ``opforge`` (str): the opforge version.
+* ``platform`` (object): :meth:`opforge.platform.Platform.to_json`:
+
+  - ``os``, ``machine`` (str): ``platform.system()`` and ``uname -m``;
+  - ``cpu`` (object): ``family``, ``microarch``, ``vendor`` (str), ``features`` (sorted
+    list of str, archspec's names), ``cores`` (int, CPUs this process may use);
+  - ``gpus`` (list of objects): ``index`` (int), ``name``, ``vendor`` (``nvidia``/``amd``),
+    ``capability`` ([major, minor] or null on ROCm), ``arch`` (``sm_90``, ``gfx90a``),
+    ``memory_bytes`` (int);
+  - ``gpu_probe`` (str): how the GPUs were listed (``nvml``, ``torch``), or why not;
+  - ``cxx``, ``nvcc``, ``ninja`` (object or null): ``path`` and ``version`` (the first line
+    of ``--version``; nvcc's release line), null when not found;
+  - ``torch_version``, ``torch_git`` (str); ``torch_cuda``, ``torch_hip`` (str or null);
+    ``cxx11_abi`` (bool); ``python_tag`` (str, e.g. ``cpython-311``); ``triton`` (str or null).
+* ``prebuilt`` (object): the kernels built at ``pip install`` (``opforge/_C/build_info.json``):
+
+  - ``directory`` (str); ``present`` (bool: a valid ``build_info.json`` was found);
+  - ``torch``, ``torch_git``, ``cuda``, ``hip``, ``compiler``, ``machine``, ``python_tag``,
+    ``opforge`` (str or null), ``cxx11_abi`` (bool or null), ``built_at`` (float or null,
+    Unix time): what they were built with, as recorded;
+  - ``extensions`` (list of objects): ``name``, ``file``, ``kind``, ``backend``, ``isa``,
+    ``stable_abi`` (str or null), ``usable`` (bool: ``Prebuilt.check`` accepts it under the
+    running torch) and ``reason`` (str: why, or why not).
+* ``kinds`` (list of objects, sorted by kind), one per kernel kind:
+
+  - ``kind`` (str); ``loader`` (str, ``module.Class``);
+  - ``chosen`` (str or null): the implementation the loader would load first;
+  - ``candidates`` (list of objects, in the order the loader tries them):
+
+    + ``name``, ``backend`` (``cpp``/``cuda``/``triton``/``torch``), ``priority`` (int);
+    + ``available`` (bool), ``available_reason`` (str): ``is_available`` (the hardware);
+    + ``compatible`` (bool), ``compatible_reason`` (str): ``check_compatible`` and the
+      toolchain (can it be had in its state: prebuilt, cached or built here);
+    + ``accepted`` (bool), ``reason`` (str): both together; ``reason`` is the first
+      rejection, or the accepted reasons joined;
+    + ``state`` (str or null): ``prebuilt``, ``cached``, ``needs build`` or ``ready``;
+      null when a check rejected it before its state was looked at;
+    + ``note`` (str): e.g. why a prebuilt binary that is present was passed over;
+    + ``chosen`` (bool).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from .. import __version__
+from .. import loader as loader_mod
+from .. import prebuilt as prebuilt_mod
+from .. import settings as settings_mod
+from ..platform import Platform
+
+SCHEMA = "opforge.report/1"
+
+#: CPU features that decide between kernel variants, in the order they are shown.
+SIMD_FEATURES = (
+    "sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni",
+    "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+    "amx_tile", "amx_bf16", "amx_int8",
+    "asimd", "asimdhp", "fphp", "asimddp", "asimdfhm", "bf16", "i8mm", "sve", "sve2", "sme",
+)
+
+_PREBUILT_KEYS = ("torch", "torch_git", "cuda", "hip", "cxx11_abi", "compiler", "machine", "python_tag", "opforge",
+                  "built_at")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("report", help="which kernel implementations work on this machine, and why")
+    p.add_argument("kinds", nargs="*", metavar="KIND", help="only these kernel kinds (default: all)")
+    p.add_argument("--json", action="store_true", help=f"print JSON (schema {SCHEMA}) instead of tables")
+    p.set_defaults(func=cmd_report)
+
+
+# -- collecting (no printing) ---------------------------------------------------------
+
+
+def unknown_kinds(requested, known) -> str | None:
+    """An error message naming the valid kinds when ``requested`` holds unknown ones, else None."""
+    bad = [k for k in requested if k not in known]
+    if not bad:
+        return None
+    return (f"unknown kernel kind{'s' if len(bad) > 1 else ''}: {', '.join(bad)}; "
+            f"the kinds are: {', '.join(sorted(known)) or '(none registered)'}")
+
+
+def candidate_json(c) -> dict:
+    ext = c.extension
+    return {
+        "name": ext.name,
+        "backend": ext.backend,
+        "priority": ext.priority,
+        "available": bool(c.available),
+        "available_reason": c.available.reason,
+        "compatible": bool(c.compatible),
+        "compatible_reason": c.compatible.reason,
+        "accepted": bool(c.decision),
+        "reason": c.decision.reason,
+        "state": c.status.state if c.status is not None else None,
+        "note": c.status.note if c.status is not None else "",
+        "chosen": c.chosen,
+    }
+
+
+def prebuilt_json(pb: prebuilt_mod.Prebuilt, platform: Platform) -> dict:
+    out: dict = {"directory": pb.directory, "present": bool(pb.info)}
+    for key in _PREBUILT_KEYS:
+        out[key] = pb.info.get(key)
+    exts = []
+    for name in pb.names:
+        e = pb.entry(name) or {}
+        verdict = pb.check(name, platform)
+        exts.append({"name": name, "file": e.get("file"), "kind": e.get("kind"), "backend": e.get("backend"),
+                     "isa": e.get("isa"), "stable_abi": e.get("stable_abi"), "usable": bool(verdict),
+                     "reason": verdict.reason})
+    out["extensions"] = exts
+    return out
+
+
+def collect(kinds=(), platform: Platform | None = None, prebuilt: prebuilt_mod.Prebuilt | None = None) -> dict:
+    """The report as a JSON-able dict (see the module docstring). ``kinds`` must be valid."""
+    from ..platform import current
+
+    platform = platform or current(settings_mod.current())
+    prebuilt = prebuilt if prebuilt is not None else prebuilt_mod.read()
+    all_loaders = loader_mod.loaders()
+    out_kinds = []
+    for kind, cls in all_loaders.items():
+        if kinds and kind not in kinds:
+            continue
+        cands = cls().candidates(platform, prebuilt)
+        chosen = next((c.name for c in cands if c.chosen), None)
+        out_kinds.append({"kind": kind, "loader": f"{cls.__module__}.{cls.__qualname__}", "chosen": chosen,
+                          "candidates": [candidate_json(c) for c in cands]})
+    return {
+        "schema": SCHEMA,
+        "opforge": __version__,
+        "platform": platform.to_json(),
+        "prebuilt": prebuilt_json(prebuilt, platform),
+        "kinds": out_kinds,
+    }
+
+
+# -- turning the dict into lines (shared by the plain and rich output) ----------------
+
+
+def _yes_no(ok: bool) -> str:
+    return "yes" if ok else "no"
+
+
+def candidate_detail(c: dict) -> str:
+    """Why it was rejected (each failing check), else the accepted reason and any note."""
+    if not c["accepted"]:
+        why = [c[k + "_reason"] for k in ("available", "compatible") if not c[k] and c[k + "_reason"]]
+        return "; ".join(why) or c["reason"]
+    return "; ".join(x for x in (c["note"], c["reason"]) if x)
+
+
+def _tool(t: dict | None, missing: str = "not found") -> str:
+    if not t:
+        return missing
+    return f"{t['path']}: {t['version']}" if t.get("version") else f"{t['path']} (version unknown)"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def gpu_line(g: dict) -> str:
+    cap = g.get("capability")
+    arch = g.get("arch") or ""
+    what = ", ".join(x for x in (arch, f"capability {cap[0]}.{cap[1]}" if cap else "",
+                                 _gib(g["memory_bytes"]) if g.get("memory_bytes") else "") if x)
+    return f"{g['index']}: {g['name']}" + (f" ({what})" if what else "")
+
+
+def platform_rows(p: dict) -> list[tuple[str, str]]:
+    cpu = p["cpu"]
+    feats = [f for f in SIMD_FEATURES if f in set(cpu["features"])]
+    gpus = [gpu_line(g) for g in p["gpus"]] or ["none"]
+    rows = [
+        ("os / machine", f"{p['os']} {p['machine']}"),
+        ("cpu", (f"{cpu['microarch']} ({cpu['vendor'] or 'unknown vendor'}, {cpu['family']}), "
+                 f"{cpu['cores']} core{'s' if cpu['cores'] != 1 else ''} usable")),
+        ("simd features", " ".join(feats) or "none of note"),
+    ]
+    rows += [("gpus" if i == 0 else "", g) for i, g in enumerate(gpus)]
+    rows += [
+        ("gpu probe", p["gpu_probe"]),
+        ("c++ compiler", _tool(p["cxx"])),
+        ("nvcc", _tool(p["nvcc"])),
+        ("ninja", _tool(p["ninja"], "not found (`pip install ninja`)")),
+        ("torch", p["torch_version"] + (f" (git {p['torch_git'][:12]})" if p["torch_git"] else "")),
+        ("cuda / hip", f"{p['torch_cuda'] or '-'} / {p['torch_hip'] or '-'}"),
+        ("c++11 abi", _yes_no(p["cxx11_abi"])),
+        ("python", p["python_tag"]),
+        ("triton", p["triton"] or "not installed"),
+    ]
+    return rows
+
+
+def prebuilt_rows(pb: dict) -> list[tuple[str, str]]:
+    rows = [("directory", pb["directory"])]
+    if not pb["present"]:
+        rows.append(("kernels", "none (installed without OPFORGE_BUILD: kernels are built just in time)"))
+        return rows
+    built = pb["torch"] or "?"
+    if pb.get("cuda"):
+        built += f", CUDA {pb['cuda']}"
+    if pb.get("hip"):
+        built += f", HIP {pb['hip']}"
+    rows.append(("built for", f"torch {built}"))
+    if pb.get("compiler"):
+        rows.append(("compiler", pb["compiler"]))
+    for i, e in enumerate(pb["extensions"]):
+        verdict = "usable" if e["usable"] else "not usable"
+        rows.append(("extensions" if i == 0 else "", f"{e['name']} ({e['file']}): {verdict}: {e['reason']}"))
+    if not pb["extensions"]:
+        rows.append(("extensions", "none"))
+    return rows
+
+
+CANDIDATE_COLUMNS = ("", "name", "backend", "priority", "available", "compatible", "state", "detail")
+
+
+def candidate_cells(c: dict) -> list[str]:
+    return ["*" if c["chosen"] else "", c["name"], c["backend"], str(c["priority"]), _yes_no(c["available"]),
+            _yes_no(c["compatible"]), c["state"] or "-", candidate_detail(c)]
+
+
+# -- printing ---------------------------------------------------------------------------
+
+
+def aligned(rows: list[list[str]], indent: str = "  ") -> list[str]:
+    """Plain text columns, padded to the widest cell (the last column is not padded)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for r in rows:
+        cells = [cell.ljust(w) for cell, w in zip(r[:-1], widths[:-1])] + [r[-1]]
+        out.append((indent + "  ".join(cells)).rstrip())
+    return out
+
+
+def print_plain(data: dict, out=None) -> None:
+    out = out or sys.stdout
+    w = lambda line="": print(line, file=out)
+    w(f"opforge {data['opforge']} report")
+    for k in data["kinds"]:
+        w()
+        w(f"{k['kind']} ({k['loader']}): chooses {k['chosen'] or 'nothing'}")
+        rows = [list(CANDIDATE_COLUMNS)] + [candidate_cells(c) for c in k["candidates"]]
+        for line in aligned(rows):
+            w(line)
+    if data["kinds"]:
+        w("  (* = the implementation the loader would choose)")
+    w()
+    w("platform")
+    for line in aligned([list(r) for r in platform_rows(data["platform"])]):
+        w(line)
+    w()
+    w("prebuilt kernels")
+    for line in aligned([list(r) for r in prebuilt_rows(data["prebuilt"])]):
+        w(line)
+
+
+def print_rich(data: dict, console=None) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = console or Console()
+    for k in data["kinds"]:
+        table = Table(title=f"{k['kind']}: chooses {k['chosen'] or 'nothing'}", caption=k["loader"],
+                      title_justify="left")
+        for col in CANDIDATE_COLUMNS:
+            table.add_column(col, justify="right" if col == "priority" else "left",
+                             overflow="fold" if col == "detail" else "ellipsis", no_wrap=col != "detail")
+        for c in k["candidates"]:
+            cells = [escape(x) for x in candidate_cells(c)]
+            cells[0] = "✔" if c["chosen"] else ""
+            cells[4] = "[green]yes[/]" if c["available"] else "[red]no[/]"
+            cells[5] = "[green]yes[/]" if c["compatible"] else "[red]no[/]"
+            style = "bold green" if c["chosen"] else ("dim" if not c["accepted"] else None)
+            table.add_row(*cells, style=style)
+        console.print(table)
+    for title, rows in (("platform", platform_rows(data["platform"])),
+                        ("prebuilt kernels", prebuilt_rows(data["prebuilt"]))):
+        table = Table(title=title, show_header=False, title_justify="left")
+        table.add_column("fact", style="bold")
+        table.add_column("value", overflow="fold")
+        for key, value in rows:
+            table.add_row(escape(key), escape(value))
+        console.print(table)
+
+
+def cmd_report(args) -> int:
+    known = loader_mod.loaders()
+    error = unknown_kinds(args.kinds, known)
+    if error:
+        print(f"opforge report: {error}", file=sys.stderr)
+        return 2
+    data = collect(tuple(args.kinds))
+    if args.json:
+        json.dump(data, sys.stdout, indent=1)
+        print()
+    elif sys.stdout.isatty():
+        print_rich(data)
+    else:
+        print_plain(data)
+    return 0

@@ -1,0 +1,390 @@
+"""``Extension``: one implementation of one kernel kind, and how to get it loaded.
+
+An extension declares what it is (``name``, ``kind``, ``backend``, ``priority``), what it
+is built from (sources, include dirs, flags), whether it can be built ahead of time
+(``support_aot``) and just in time (``support_jit``), and two checks that read only a
+:class:`~opforge.platform.Platform`:
+
+* ``is_available(platform)``: is the hardware it needs here (an ISA, a GPU)?
+* ``check_compatible(platform)``: can it be built and run with this software (torch,
+  CUDA, triton)?
+
+The subclasses keep a kernel's declaration to a few lines::
+
+    @SelftestLoader.register_extension
+    class SelftestAvx2(CppExtension):
+        name, kind, priority = "selftest_avx2", "selftest", 30
+        isa = AVX2
+        sources = ("csrc/axpy.cpp",)
+        stable_abi = "2.10"
+
+A compiled extension is found, in order: prebuilt in the package (``opforge/_C``, when it
+was built against a torch this one can run), then the JIT cache, then a JIT build.
+``load()`` returns a :class:`LoadedKernel`, whose attributes are the extension's ops.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from . import isa as isa_mod
+from . import settings as settings_mod
+from .decision import Accepted, Decision, Rejected
+from .errors import OpforgeError
+
+BACKENDS = ("cpp", "cuda", "triton", "torch")
+
+# What a candidate needs before it can be loaded here.
+PREBUILT = "prebuilt"
+CACHED = "cached"
+NEEDS_BUILD = "needs build"
+READY = "ready"
+"""A Python backend (triton, torch): nothing to build."""
+
+
+class KernelFallbackWarning(UserWarning):
+    """An implementation could not be used, and the loader moved on to the next one."""
+
+
+@dataclass(frozen=True)
+class Status:
+    state: str
+    note: str = ""
+    """Why a prebuilt binary that is present was passed over, if it was."""
+
+
+@dataclass(frozen=True)
+class LoadedKernel:
+    """A loaded implementation. Its attributes are the ops: ``k.axpy(x, y, 2.0)``."""
+
+    name: str
+    kind: str
+    backend: str
+    origin: str
+    """``prebuilt``, ``cached``, ``built`` or ``python``."""
+    path: str
+    ops: Any
+    """``torch.ops.<namespace>`` for C++/CUDA, the module for triton/torch backends."""
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return getattr(self.ops, attr)
+
+
+_LOADED: dict[str, LoadedKernel] = {}
+_LOADED_LOCK = threading.RLock()
+
+
+def warn_once(message: str, _seen: set = set()) -> None:  # noqa: B006 - the set is the memo
+    if message not in _seen:
+        _seen.add(message)
+        warnings.warn(message, KernelFallbackWarning, stacklevel=3)
+
+
+class Extension:
+    """Base class; use :class:`CppExtension`, :class:`CudaExtension`, :class:`TritonExtension`
+    or :class:`TorchExtension`."""
+
+    name: ClassVar[str] = ""
+    kind: ClassVar[str] = ""
+    backend: ClassVar[str] = ""
+    priority: ClassVar[int] = 0
+    """Higher is tried first."""
+    support_aot: ClassVar[bool] = False
+    support_jit: ClassVar[bool] = True
+    description: ClassVar[str] = ""
+
+    sources: ClassVar[tuple[str, ...]] = ()
+    """Relative to the directory of the module that declares the class."""
+    include_dirs: ClassVar[tuple[str, ...]] = ()
+    cflags: ClassVar[tuple[str, ...]] = ()
+    cuda_cflags: ClassVar[tuple[str, ...]] = ()
+    ldflags: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def validate(cls) -> None:
+        """Raise a TypeError that says what is wrong with the declaration."""
+        from .build.key import check_name
+
+        where = f"{cls.__module__}.{cls.__qualname__}"
+        try:
+            check_name(cls.name)
+        except ValueError as exc:
+            raise TypeError(f"{where}: {exc}") from None
+        if cls.backend not in BACKENDS:
+            raise TypeError(f"{where}: backend {cls.backend!r} is not one of {', '.join(BACKENDS)}")
+        if not cls.kind:
+            raise TypeError(f"{where}: set `kind` (the kernel kind it implements, e.g. 'cpu_adam')")
+
+    # -- checks (pure: they read the Platform only) --
+
+    def is_available(self, platform) -> Decision:
+        return Accepted()
+
+    def check_compatible(self, platform) -> Decision:
+        return Accepted()
+
+    @property
+    def needs_compiler(self) -> bool:
+        return False
+
+    # -- state and loading --
+
+    def status(self, platform, prebuilt, settings: settings_mod.Settings | None = None) -> Status:
+        return Status(READY)
+
+    def load(self, platform=None, status: Status | None = None, verbose: bool = False) -> LoadedKernel:
+        """Load this implementation (once per process)."""
+        with _LOADED_LOCK:
+            found = _LOADED.get(self.name)
+            if found is None:
+                found = _LOADED[self.name] = self._load(platform, status, verbose)
+            return found
+
+    def _load(self, platform, status: Status | None, verbose: bool) -> LoadedKernel:
+        raise NotImplementedError
+
+    def build_aot(self, package: str = "opforge._C"):
+        raise OpforgeError(f"{self.name}: a {self.backend} extension has nothing to build ahead of time")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} ({self.kind}, {self.backend}, priority {self.priority})>"
+
+
+class CompiledExtension(Extension):
+    """Shared by C++ and CUDA extensions: built by the engine (JIT) or by setuptools (AOT)."""
+
+    support_aot = True
+    stable_abi: ClassVar[str | None] = None
+    """E.g. ``"2.10"`` when the sources use only the LibTorch stable ABI of that torch: the
+    binary then runs on every later torch, and its cache key carries this target instead of
+    the exact torch version."""
+    op_namespace: ClassVar[str | None] = None
+    """The ``torch.ops`` namespace the sources register (default: ``name``); passed as ``-DOPFORGE_NS``."""
+    optimize: ClassVar[tuple[str, ...]] = ("-O3",)
+    openmp: ClassVar[bool] = False
+
+    @classmethod
+    def validate(cls) -> None:
+        super().validate()
+        where = f"{cls.__module__}.{cls.__qualname__}"
+        if not cls.sources:
+            raise TypeError(f"{where}: a {cls.backend} extension needs `sources`")
+        for path in cls.source_paths():
+            if not os.path.isfile(path):
+                raise TypeError(f"{where}: source {path} does not exist")
+
+    @classmethod
+    def source_dir(cls) -> str:
+        return os.path.dirname(os.path.abspath(inspect.getfile(cls)))
+
+    @classmethod
+    def source_paths(cls) -> list[str]:
+        return [os.path.join(cls.source_dir(), s) for s in cls.sources]
+
+    @property
+    def namespace(self) -> str:
+        return self.op_namespace or self.name
+
+    @property
+    def needs_compiler(self) -> bool:
+        return True
+
+    def compile_flags(self) -> list[str]:
+        flags = [*self.optimize, f"-DOPFORGE_NS={self.namespace}", *self.cflags]
+        return flags + (["-fopenmp"] if self.openmp else [])
+
+    def link_flags(self) -> list[str]:
+        return [*self.ldflags] + (["-fopenmp"] if self.openmp else [])
+
+    def check_compatible(self, platform) -> Decision:
+        if self.stable_abi and platform.torch_minor < _minor(self.stable_abi):
+            return Rejected(f"built on the LibTorch stable ABI of torch {self.stable_abi}; "
+                            f"torch {platform.torch_version} is older: upgrade torch")
+        return Accepted()
+
+    def spec(self, settings: settings_mod.Settings):
+        from .build.key import make_spec
+
+        return make_spec(settings, self.name, self.source_paths(), self.compile_flags(), list(self.cuda_cflags),
+                         self.link_flags(), [os.path.join(self.source_dir(), d) for d in self.include_dirs],
+                         self.backend == "cuda", False, False, self.stable_abi or "")
+
+    def status(self, platform, prebuilt, settings: settings_mod.Settings | None = None) -> Status:
+        note = ""
+        if self.name in prebuilt.names:
+            verdict = prebuilt.check(self.name, platform)
+            if verdict:
+                return Status(PREBUILT, verdict.reason)
+            note = f"prebuilt binary skipped: {verdict.reason}"
+        from .build import jit
+        from .build.cache import Layout
+        from .build.progress import Reporter
+
+        s = settings or settings_mod.current()
+        try:
+            entry = jit.find_entry(Layout(s.cache_dir), self.spec(s), Reporter(False))
+        except OpforgeError as exc:  # e.g. an unsafe cache: the load will raise it; the report shows it
+            return Status(NEEDS_BUILD, "; ".join(filter(None, [note, f"cache unusable: {exc}"])))
+        return Status(CACHED if entry is not None else NEEDS_BUILD, note)
+
+    def _load(self, platform, status: Status | None, verbose: bool) -> LoadedKernel:
+        from . import prebuilt as prebuilt_mod
+
+        s = settings_mod.current()
+        if platform is None:
+            from .platform import current
+
+            platform = current(s)
+        pb = prebuilt_mod.read()
+        status = status or self.status(platform, pb, s)
+        if status.note and status.state != PREBUILT:  # a prebuilt binary was passed over: say why
+            warn_once(f"{self.name}: {status.note}; using the JIT cache or building it")
+        if status.state == PREBUILT:
+            path = pb.path(self.name)
+            try:
+                pb.verify(self.name)
+                return self._open(path, PREBUILT)
+            except (OSError, RuntimeError) as exc:  # includes a sha256 mismatch (OpforgeError)
+                warn_once(f"{self.name}: the prebuilt binary {path} can't be used ({exc}); using the JIT path")
+        if not self.support_jit and status.state != CACHED:
+            raise OpforgeError(f"{self.name} is built ahead of time only, and no prebuilt binary fits here: "
+                               f"reinstall opforge with OPFORGE_BUILD={self.kind}")
+        from .build import jit
+        from .build.progress import Reporter
+
+        path = jit.load_spec(self.spec(s), s, None, Reporter(verbose or s.verbose))
+        return self._open(path, CACHED if status.state == CACHED else "built", loaded=True)
+
+    def build_jit(self, verbose: bool = False, settings: settings_mod.Settings | None = None, reporter=None):
+        """Compile into the JIT cache (or find it there) without loading it. Returns the cache
+        ``Entry`` (``.path``, ``.binary``, ``.manifest``)."""
+        from .build import jit
+        from .build.progress import Reporter
+
+        s = settings or settings_mod.current()
+        return jit.ensure_built(self.spec(s), s, reporter or Reporter(verbose or s.verbose))
+
+    def _open(self, path: str, origin: str, loaded: bool = False) -> LoadedKernel:
+        import torch
+
+        if not loaded:
+            torch.ops.load_library(path)
+        return LoadedKernel(self.name, self.kind, self.backend, origin, path, getattr(torch.ops, self.namespace))
+
+    def build_aot(self, package: str = "opforge._C"):
+        """A setuptools extension (torch's ``CppExtension``/``CUDAExtension``) for ``pip install``."""
+        from torch.utils import cpp_extension
+
+        from .build.key import stable_abi_macro
+
+        root = os.getcwd()
+        cflags = self.compile_flags() + ([stable_abi_macro(self.stable_abi)] if self.stable_abi else [])
+        args = {"cxx": cflags}
+        maker = cpp_extension.CppExtension
+        if self.backend == "cuda":
+            args["nvcc"] = [*self.optimize, f"-DOPFORGE_NS={self.namespace}", *self.cuda_cflags]
+            if self.stable_abi:
+                args["nvcc"].append(stable_abi_macro(self.stable_abi))
+            maker = cpp_extension.CUDAExtension
+        args["cxx"].append("-g0")  # Python's CFLAGS carry -g: 4x the wheel for symbols nobody reads
+        return maker(
+            name=f"{package}.{self.name}",
+            sources=[os.path.relpath(p, root) for p in self.source_paths()],
+            include_dirs=[os.path.join(self.source_dir(), d) for d in self.include_dirs],
+            extra_compile_args=args,
+            extra_link_args=self.link_flags(),
+            py_limited_api=bool(self.stable_abi),
+        )
+
+
+def _minor(version: str) -> tuple[int, int]:
+    from .build.key import version_tuple
+
+    return version_tuple(version)
+
+
+class CppExtension(CompiledExtension):
+    """C++ for the CPU, one extension per ISA variant (``isa``), compiled with explicit flags."""
+
+    backend = "cpp"
+    isa: ClassVar[isa_mod.Isa] = isa_mod.PORTABLE
+
+    def compile_flags(self) -> list[str]:
+        return [*self.isa.flags, *super().compile_flags()]
+
+    def is_available(self, platform) -> Decision:
+        return self.isa.supports(platform)
+
+
+class CudaExtension(CompiledExtension):
+    """C++/CUDA. Needs an NVIDIA GPU of at least ``min_capability`` and a CUDA build of torch."""
+
+    backend = "cuda"
+    min_capability: ClassVar[tuple[int, int]] = (7, 0)
+
+    def is_available(self, platform) -> Decision:
+        caps = platform.cuda_capabilities
+        if not caps:
+            return Rejected(f"needs an NVIDIA GPU; none found ({platform.gpu_probe})")
+        ok = [c for c in caps if c >= self.min_capability]
+        if not ok:
+            need = ".".join(map(str, self.min_capability))
+            return Rejected(f"needs compute capability >= {need}; the GPUs here are "
+                            f"{', '.join('.'.join(map(str, c)) for c in caps)}")
+        return Accepted(f"sm_{ok[0][0]}{ok[0][1]}")
+
+    def check_compatible(self, platform) -> Decision:
+        if platform.torch_cuda is None:
+            return Rejected(f"torch {platform.torch_version} is built without CUDA: install a CUDA build of torch")
+        if platform.nvcc is not None and platform.nvcc.version_tuple:
+            nvcc_major = platform.nvcc.version_tuple[0]
+            torch_major = int(platform.torch_cuda.split(".")[0])
+            if nvcc_major != torch_major:
+                return Rejected(f"nvcc is CUDA {'.'.join(map(str, platform.nvcc.version_tuple[:2]))} but torch was "
+                                f"built with CUDA {platform.torch_cuda}: point CUDA_HOME at a CUDA {torch_major}.x toolkit")
+        return super().check_compatible(platform)
+
+
+class PythonExtension(Extension):
+    """An implementation written in Python (triton kernels, torch ops): nothing to build."""
+
+    module: ClassVar[str] = ""
+    """Dotted path of the module that holds the ops."""
+
+    @classmethod
+    def validate(cls) -> None:
+        super().validate()
+        if not cls.module:
+            raise TypeError(f"{cls.__module__}.{cls.__qualname__}: set `module`, the dotted path of its ops module")
+
+    def _load(self, platform, status: Status | None, verbose: bool) -> LoadedKernel:
+        mod = importlib.import_module(self.module)
+        return LoadedKernel(self.name, self.kind, self.backend, "python", getattr(mod, "__file__", "") or "", mod)
+
+
+class TritonExtension(PythonExtension):
+    backend = "triton"
+
+    def is_available(self, platform) -> Decision:
+        if not platform.gpus:
+            return Rejected(f"needs a GPU; none found ({platform.gpu_probe})")
+        return Accepted(platform.gpus[0].arch or platform.gpus[0].name)
+
+    def check_compatible(self, platform) -> Decision:
+        if platform.triton is None:
+            return Rejected("triton is not installed: `pip install triton`")
+        return Accepted(f"triton {platform.triton}")
+
+
+class TorchExtension(PythonExtension):
+    """Pure torch: the reference, and the fallback that always works."""
+
+    backend = "torch"

@@ -1,0 +1,219 @@
+"""``KernelLoader``: a registry of extensions per kernel kind, a pure selection, and a
+fallback that says why.
+
+Each kernel kind has a subclass (``SelftestLoader``, later ``CPUAdamLoader``...). Its
+extensions register with ``register_extension``, as a call or a class decorator.
+
+``select(extensions, platform, statuses)`` is pure: facts in, ordered candidates with
+their Decisions out. ``KernelLoader.load()`` walks that list:
+
+1. the prebuilt binary in the package, if it was built for a torch that can run it;
+2. the JIT cache;
+3. a JIT build.
+
+A failure warns once (``KernelFallbackWarning``) with the reason, and the next candidate
+is tried; ``strict=True`` raises instead. The result is cached per process and the
+lookup is thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from . import prebuilt as prebuilt_mod
+from . import settings as settings_mod
+from .decision import Accepted, Decision, Rejected, first_rejection
+from .errors import OpforgeError
+from .extension import CACHED, NEEDS_BUILD, PREBUILT, Extension, LoadedKernel, Status, warn_once
+
+
+@dataclass(frozen=True)
+class Candidate:
+    extension: Extension
+    decision: Decision
+    """Both checks below, and whether it can be had in its state (prebuilt, cached, or built here)."""
+    available: Decision
+    """``is_available``: is the hardware it needs here?"""
+    compatible: Decision
+    """``check_compatible`` and the toolchain: can it be built (or is it prebuilt/cached) and run here?"""
+    status: Status | None
+    """None when the checks rejected it before its state was looked at."""
+    chosen: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.extension.name
+
+
+def toolchain_decision(ext: Extension, platform, status: Status) -> Decision:
+    """Can the extension be had in its current state: prebuilt, cached, or built here?"""
+    if status.state in (PREBUILT, CACHED) or not ext.needs_compiler:
+        return Accepted()
+    how = f"reinstall with OPFORGE_BUILD={ext.kind} to prebuild it"
+    if not ext.support_jit:
+        return Rejected(f"no prebuilt binary fits and it is not built just in time: {how}")
+    if platform.cxx is None:
+        return Rejected(f"no C++ compiler, and no prebuilt or cached binary: install g++ (or set CXX), or {how}")
+    if ext.backend == "cuda" and platform.nvcc is None:
+        return Rejected("nvcc not found, and no prebuilt or cached binary: install the CUDA toolkit and set CUDA_HOME")
+    if platform.ninja is None:
+        return Rejected("ninja not found, and no prebuilt or cached binary: `pip install ninja`")
+    return Accepted()
+
+
+def select(extensions: Sequence[Extension], platform, statuses: Mapping[str, Status]) -> list[Candidate]:
+    """Order the extensions by priority and decide each. Pure.
+
+    ``statuses`` holds the state of the extensions that pass their checks (prebuilt /
+    cached / needs build); the first accepted candidate is ``chosen``.
+    """
+    out: list[Candidate] = []
+    chosen = False
+    for ext in sorted(extensions, key=lambda e: (-e.priority, e.name)):
+        available = ext.is_available(platform)
+        compatible = ext.check_compatible(platform)
+        status = None
+        if available and compatible:
+            status = statuses.get(ext.name, Status(NEEDS_BUILD))
+            compatible = first_rejection([compatible, toolchain_decision(ext, platform, status)])
+        d = first_rejection([available, compatible])
+        pick = bool(d) and not chosen
+        chosen = chosen or pick
+        out.append(Candidate(ext, d, available, compatible, status, pick))
+    return out
+
+
+_LOADERS: dict[str, type[KernelLoader]] = {}
+_NAMES: dict[str, type[Extension]] = {}
+_REGISTRY_LOCK = threading.RLock()
+
+
+class KernelLoader:
+    """One subclass per kernel kind: ``class CPUAdamLoader(KernelLoader): kind = "cpu_adam"``."""
+
+    kind: ClassVar[str] = ""
+    _extensions: ClassVar[list[type[Extension]]] = []
+    _cache: ClassVar[dict[tuple, LoadedKernel]] = {}
+    _lock: ClassVar[threading.RLock] = threading.RLock()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls._extensions = []
+        cls._cache = {}
+        cls._lock = threading.RLock()
+        if cls.kind:
+            with _REGISTRY_LOCK:
+                other = _LOADERS.get(cls.kind)
+                if other is not None and other.__qualname__ != cls.__qualname__:
+                    raise TypeError(f"kernel kind {cls.kind!r} already has a loader: {other.__module__}.{other.__qualname__}")
+                _LOADERS[cls.kind] = cls
+
+    @classmethod
+    def register_extension(cls, ext_cls):
+        """Add an implementation of this kind; usable as ``@Loader.register_extension``."""
+        if not (isinstance(ext_cls, type) and issubclass(ext_cls, Extension)):
+            raise TypeError(f"{cls.__name__}.register_extension takes a subclass of opforge.Extension, "
+                            f"not {ext_cls!r}")
+        if not ext_cls.kind:
+            ext_cls.kind = cls.kind
+        if ext_cls.kind != cls.kind:
+            raise TypeError(f"{ext_cls.__qualname__} is of kind {ext_cls.kind!r}; register it with the "
+                            f"loader of that kind, not {cls.__name__} ({cls.kind!r})")
+        ext_cls.validate()
+        with _REGISTRY_LOCK:
+            other = _NAMES.get(ext_cls.name)
+            if other is not None and other is not ext_cls:
+                raise ValueError(f"an extension named {ext_cls.name!r} is already registered "
+                                 f"({other.__module__}.{other.__qualname__}); pick another name")
+            _NAMES[ext_cls.name] = ext_cls
+            if ext_cls not in cls._extensions:
+                cls._extensions.append(ext_cls)
+        return ext_cls
+
+    @classmethod
+    def extensions(cls) -> list[Extension]:
+        return [e() for e in cls._extensions]
+
+    def candidates(self, platform=None, prebuilt=None) -> list[Candidate]:
+        """Every extension of this kind with its Decision and state, best first."""
+        from .platform import current
+
+        s = settings_mod.current()
+        platform = platform or current(s)
+        prebuilt = prebuilt if prebuilt is not None else prebuilt_mod.read()
+        exts = self.extensions()
+        statuses = {}
+        for ext in exts:
+            if ext.is_available(platform) and ext.check_compatible(platform):
+                statuses[ext.name] = ext.status(platform, prebuilt, s)
+        return select(exts, platform, statuses)
+
+    def load(self, ext_name: str | None = None, strict: bool = False, verbose: bool = False) -> LoadedKernel:
+        """The best implementation that works here (or ``ext_name``), loaded."""
+        key = (ext_name, strict)
+        with self._lock:
+            found = self._cache.get(key)
+            if found is None:
+                found = self._cache[key] = self._load(ext_name, strict, verbose)
+            return found
+
+    def _load(self, ext_name: str | None, strict: bool, verbose: bool) -> LoadedKernel:
+        from .platform import current
+
+        platform = current()
+        names = [e.name for e in self._extensions]
+        if ext_name is not None and ext_name not in names:
+            raise ValueError(f"{type(self).__name__} has no extension {ext_name!r}; "
+                             f"the {self.kind} extensions are: {', '.join(sorted(names))}")
+        cands = self.candidates(platform)
+        if ext_name is not None:
+            (c,) = [c for c in cands if c.name == ext_name]
+            if not c.decision:
+                raise OpforgeError(f"{ext_name} can't be used here: {c.decision.reason}")
+            return c.extension.load(platform, c.status, verbose)
+        failures = []
+        for c in cands:
+            if not c.decision:
+                continue
+            try:
+                return c.extension.load(platform, c.status, verbose)
+            except Exception as exc:  # a failed build or load: fall back to the next, unless strict
+                if strict:
+                    raise
+                reason = _one_line(exc)
+                failures.append(f"{c.name}: {reason}")
+                warn_once(f"{c.name} could not be loaded ({reason}); falling back to the next {self.kind} implementation")
+        rejected = [f"{c.name}: {c.decision.reason}" for c in cands if not c.decision]
+        raise OpforgeError(f"no {self.kind} implementation can be loaded here:\n  "
+                           + "\n  ".join(failures + rejected or ["(none is registered)"]))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def loaders() -> dict[str, type[KernelLoader]]:
+    """Every kernel kind with its loader: opforge's own, and any imported so far."""
+    from . import kernel_loader  # noqa: F401  (registers opforge's kernel families)
+
+    with _REGISTRY_LOCK:
+        return dict(sorted(_LOADERS.items()))
+
+
+def find_extension(name: str) -> type[Extension] | None:
+    loaders()
+    return _NAMES.get(name)
+
+
+def clear_cache() -> None:
+    """Forget which implementations were chosen (for tests; loaded libraries stay loaded)."""
+    for cls in list(_LOADERS.values()):
+        with cls._lock:
+            cls._cache.clear()
+
+
+__all__ = ["NEEDS_BUILD", "Candidate", "KernelLoader", "loaders", "select", "toolchain_decision"]
