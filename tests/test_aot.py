@@ -83,9 +83,11 @@ def test_aot_wheel_loads_prebuilt_in_a_fresh_venv_with_no_compiler(aot_wheel, tm
     run = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index",
                           "-q", str(wheel)], capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr
-    # torch and opforge's dependencies come from the test venv; opforge itself only from the wheel.
+    # torch and opforge's dependencies come from this interpreter's path (appended after the
+    # fresh venv's site-packages); opforge itself only from the wheel.
+    deps = [p for p in sys.path if p and os.path.isdir(p) and not os.path.samefile(p, ROOT)]
     with open(os.path.join(site, "zz_deps.pth"), "w") as f:
-        f.write(sysconfig.get_paths()["purelib"] + "\n")
+        f.write("\n".join(deps + [sysconfig.get_paths()["purelib"]]) + "\n")
     cache = tmp_path / "cache"
     code = """
 import os, sys, torch, opforge

@@ -324,3 +324,32 @@ def test_tampered_prebuilt_binary_is_not_loaded(cache_dir, tmp_path):
         with pytest.warns(opforge.KernelFallbackWarning, match="does not match the sha256"):
             k = Loader().load(ext_name=Cpp.name)
     assert k.origin == "built"
+
+
+@pytest.mark.cuda
+def test_cuda_variant_is_chosen_on_a_gpu_and_matches_torch(cache_dir):
+    n = next(_ids)
+
+    class Loader(KernelLoader):
+        pass
+
+    Loader.kind = f"toycuda{n}"
+
+    class Cuda(CudaExtension):
+        name, kind, priority, sources = f"toycuda{n}_cuda", Loader.kind, 60, ("data/axpy_cuda.cu",)
+
+    class Torch(TorchExtension):
+        name, kind, priority, module = f"toycuda{n}_torch", Loader.kind, 0, "toy_reference"
+
+    Loader.register_extension(Cuda)
+    Loader.register_extension(Torch)
+    (first, _) = Loader().candidates()
+    assert first.chosen and first.available.reason.startswith("sm_"), first
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", opforge.KernelFallbackWarning)
+        k = Loader().load()
+    assert (k.name, k.backend, k.origin, k.simd_width()) == (Cuda.name, "cuda", "built", 32)
+    x, y = torch.randn(100_003, device="cuda"), torch.randn(100_003, device="cuda")
+    torch.testing.assert_close(k.axpy(x, y, -2.0), -2.0 * x + y)
+    with pytest.raises(RuntimeError, match="must be CUDA tensors"):
+        k.axpy(x.cpu(), y.cpu(), 1.0)
