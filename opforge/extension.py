@@ -201,6 +201,10 @@ class CompiledExtension(Extension):
         flags = [*self.optimize, f"-DOPFORGE_NS={self.namespace}", *self.cflags]
         return flags + (["-fopenmp"] if self.openmp else [])
 
+    def cuda_compile_flags(self) -> list[str]:
+        """nvcc's flags: the same optimisation and op namespace as the C++ side, plus ``cuda_cflags``."""
+        return [*self.optimize, f"-DOPFORGE_NS={self.namespace}", *self.cuda_cflags]
+
     def link_flags(self) -> list[str]:
         return [*self.ldflags] + (["-fopenmp"] if self.openmp else [])
 
@@ -213,7 +217,7 @@ class CompiledExtension(Extension):
     def spec(self, settings: settings_mod.Settings):
         from .build.key import make_spec
 
-        return make_spec(settings, self.name, self.source_paths(), self.compile_flags(), list(self.cuda_cflags),
+        return make_spec(settings, self.name, self.source_paths(), self.compile_flags(), self.cuda_compile_flags(),
                          self.link_flags(), [os.path.join(self.source_dir(), d) for d in self.include_dirs],
                          self.backend == "cuda", False, False, self.stable_abi or "")
 
@@ -290,7 +294,7 @@ class CompiledExtension(Extension):
         args = {"cxx": cflags}
         maker = cpp_extension.CppExtension
         if self.backend == "cuda":
-            args["nvcc"] = [*self.optimize, f"-DOPFORGE_NS={self.namespace}", *self.cuda_cflags]
+            args["nvcc"] = self.cuda_compile_flags()
             if self.stable_abi:
                 args["nvcc"].append(stable_abi_macro(self.stable_abi))
             maker = cpp_extension.CUDAExtension

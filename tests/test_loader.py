@@ -351,5 +351,12 @@ def test_cuda_variant_is_chosen_on_a_gpu_and_matches_torch(cache_dir):
     assert (k.name, k.backend, k.origin, k.simd_width()) == (Cuda.name, "cuda", "built", 32)
     x, y = torch.randn(100_003, device="cuda"), torch.randn(100_003, device="cuda")
     torch.testing.assert_close(k.axpy(x, y, -2.0), -2.0 * x + y)
-    with pytest.raises(RuntimeError, match="must be CUDA tensors"):
+    with pytest.raises(RuntimeError, match="must be float32"):
+        k.axpy(x.double(), y.double(), 1.0)
+    with pytest.raises(RuntimeError, match="Could not run .* from the 'CPU' backend"):  # the dispatcher says so
         k.axpy(x.cpu(), y.cpu(), 1.0)
+
+
+def test_cuda_sources_get_the_op_namespace_too():
+    flags = _AnyCuda().cuda_compile_flags()
+    assert "-DOPFORGE_NS=cuda_any_example" in flags and "-O3" in flags
