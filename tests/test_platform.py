@@ -11,6 +11,8 @@ from opforge import platform as platform_mod
 from opforge import settings
 from opforge.platform import Platform, ToolInfo
 
+from conftest import run_python
+
 
 def test_detects_this_machine(cache_dir):
     p = platform_mod.detect(settings.current())
@@ -26,8 +28,13 @@ def test_detects_this_machine(cache_dir):
 
 
 def test_gpus_are_listed_without_initialising_cuda(cache_dir):
-    platform_mod.detect(settings.current())
-    assert not torch.cuda.is_initialized()
+    """In a fresh process: another test in this one may have initialised CUDA already."""
+    out = run_python("import torch; from opforge import platform as p; gpus = p.current().gpus; "
+                     "print(len(gpus), torch.cuda.is_initialized())")
+    assert out.returncode == 0, out.stderr
+    count, initialised = out.stdout.split()
+    assert initialised == "False"
+    assert int(count) == torch.cuda.device_count()
 
 
 def test_no_compiler_is_a_fact_not_an_error(cache_dir, monkeypatch):
