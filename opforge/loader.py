@@ -137,18 +137,24 @@ class KernelLoader:
     def extensions(cls) -> list[Extension]:
         return [e() for e in cls._extensions]
 
-    def candidates(self, platform=None, prebuilt=None) -> list[Candidate]:
-        """Every extension of this kind with its Decision and state, best first."""
+    def candidates(self, platform=None, prebuilt=None, lazy: bool = False) -> list[Candidate]:
+        """Every extension of this kind with its Decision and state, best first.
+
+        ``lazy``: look up states (prebuilt? cached?) only down to the first candidate that can
+        be had; the ones after it are left undecided ("needs build"), which is all ``load()``
+        needs until something fails."""
         from .platform import current
 
         s = settings_mod.current()
         platform = platform or current(s)
         prebuilt = prebuilt if prebuilt is not None else prebuilt_mod.read()
-        exts = self.extensions()
+        exts = sorted(self.extensions(), key=lambda e: (-e.priority, e.name))
         statuses = {}
         for ext in exts:
             if ext.is_available(platform) and ext.check_compatible(platform):
-                statuses[ext.name] = ext.status(platform, prebuilt, s)
+                status = statuses[ext.name] = ext.status(platform, prebuilt, s)
+                if lazy and toolchain_decision(ext, platform, status):
+                    break
         return select(exts, platform, statuses)
 
     def load(self, ext_name: str | None = None, strict: bool = False, verbose: bool = False) -> LoadedKernel:
@@ -168,16 +174,18 @@ class KernelLoader:
         if ext_name is not None and ext_name not in names:
             raise ValueError(f"{type(self).__name__} has no extension {ext_name!r}; "
                              f"the {self.kind} extensions are: {', '.join(sorted(names))}")
-        cands = self.candidates(platform)
         if ext_name is not None:
-            (c,) = [c for c in cands if c.name == ext_name]
+            (c,) = [c for c in self.candidates(platform) if c.name == ext_name]
             if not c.decision:
                 raise OpforgeError(f"{ext_name} can't be used here: {c.decision.reason}")
             return c.extension.load(platform, c.status, verbose)
-        failures = []
-        for c in cands:
-            if not c.decision:
-                continue
+        cands = self.candidates(platform, lazy=True)
+        failures: list[str] = []
+        tried: set[str] = set()
+        while True:
+            c = next((c for c in cands if c.decision and c.name not in tried), None)
+            if c is None:
+                break
             try:
                 return c.extension.load(platform, c.status, verbose)
             except Exception as exc:  # a failed build or load: fall back to the next, unless strict
@@ -185,7 +193,9 @@ class KernelLoader:
                     raise
                 reason = _one_line(exc)
                 failures.append(f"{c.name}: {reason}")
+                tried.add(c.name)
                 warn_once(f"{c.name} could not be loaded ({reason}); falling back to the next {self.kind} implementation")
+                cands = self.candidates(platform)  # now decide every candidate, not just the first
         rejected = [f"{c.name}: {c.decision.reason}" for c in cands if not c.decision]
         raise OpforgeError(f"no {self.kind} implementation can be loaded here:\n  "
                            + "\n  ".join(failures + rejected or ["(none is registered)"]))

@@ -189,9 +189,9 @@ def run_ninja(ninja: str, build_dir: str, spec: BuildSpec, objects: dict[str, st
         cmd += ["-j", str(max_jobs)]
     env = dict(env, NINJA_STATUS="[%f/%t] ")
     out_lines: list[str] = []
-    with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(cmd, cwd=build_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace", env=env)
+    with open(log_path, "w", encoding="utf-8") as log, \
+            subprocess.Popen(cmd, cwd=build_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             errors="replace", env=env) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             log.write(line)
