@@ -9,10 +9,9 @@ with the reason. Builds run in a thread pool (``--jobs``, default: the CPUs this
 may use); one failure does not stop the others, and the exit code is 1 if any failed.
 An unknown KIND exits with 2, naming the valid kinds.
 
-The builds go through the engine with a quiet reporter (``jit.ensure_built``, which is
-what ``Extension.build_jit`` calls): ``build_jit`` would give each concurrent build its
-own live status line on a terminal, and they would draw over each other and over the
-progress bar.
+Each build is ``Extension.build_jit`` with a quiet reporter: the default one would give
+each concurrent build its own live status line on a terminal, drawing over each other
+and over the progress bar.
 
 JSON schema ``opforge.build/1``:
 
@@ -163,12 +162,10 @@ class _Quiet(Reporter):
 
 def build_one(p: Planned, settings: settings_mod.Settings) -> Result:
     """Build (or find in the cache) one planned extension; never raises."""
-    from ..build import jit
-
     ext = p.extension
     started = time.monotonic()
     try:
-        path = jit.ensure_built(ext.spec(settings), settings, _Quiet()).path
+        path = ext.build_jit(settings=settings, reporter=_Quiet()).path
     except Exception as exc:  # noqa: BLE001 - any failure is this kernel's result, not the run's
         took = time.monotonic() - started
         lines = str(exc).strip().splitlines() or [type(exc).__name__]
