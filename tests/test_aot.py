@@ -107,6 +107,11 @@ for name in ("selftest_avx512", "selftest_avx2", "selftest_scalar"):
         continue
     torch.testing.assert_close(v.axpy(x, y, -1.0), y - x)
     print("variant", name, v.origin, v.simd_width())
+from opforge.kernel_loader import CPUAdamLoader
+adam = CPUAdamLoader().load()
+p, g, m, v = torch.randn(100), torch.randn(100), torch.zeros(100), torch.zeros(100)
+assert adam.adam_step_(p, g, m, v, None, None, 1e-3, 0.9, 0.999, 1e-8, 0.0, 1, True, True, False, 1.0, False, 2)
+print("adam", adam.name, adam.origin)
 print("cache", sorted(n for n in os.listdir(os.environ["OPFORGE_CACHE_DIR"]) if not n.startswith("."))
       if os.path.isdir(os.environ["OPFORGE_CACHE_DIR"]) else [])
 """
@@ -124,6 +129,8 @@ print("cache", sorted(n for n in os.listdir(os.environ["OPFORGE_CACHE_DIR"]) if 
         if line.startswith("variant"):
             _, name, origin, width = line.split()
             assert origin == "prebuilt" and width == widths[name]
+    adam = [ln.split() for ln in lines if ln.startswith("adam")][0]
+    assert adam[1].startswith("cpu_adam_") and adam[2] == "prebuilt"
     assert lines[-1] == "cache []"  # no compile, nothing cached
 
 

@@ -1,0 +1,124 @@
+"""``CPUAdam``: Adam/AdamW for parameters in CPU memory (ZeRO-Offload style), on the fastest
+``cpu_adam`` kernel for this CPU (``CPUAdamLoader``).
+
+* A ``torch.optim.Optimizer``: param groups, lr schedulers, closures.
+* ``state_dict()`` has torch.optim.Adam/AdamW's layout (``step``, ``exp_avg``,
+  ``exp_avg_sq``, ``max_exp_avg_sq``), so a checkpoint moves to torch's optimizers and back.
+  States are kept in fp32 whatever the param dtype (states loaded in another dtype are
+  converted at the next step).
+* DeepSpeedCPUAdam's argument names are accepted (``model_params``,
+  ``fp32_optimizer_states``, ``step(fp16_param_groups=...)``), so it is a drop-in.
+* ``torch.amp.GradScaler``: the step unscales and skips on inf/NaN itself
+  (``_step_supports_amp_scaling``), as torch's fused optimizers do.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels.cpu_adam import CPUAdamLoader
+
+
+class CPUAdam(torch.optim.Optimizer):
+    _step_supports_amp_scaling = True
+
+    def __init__(self, params=None, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, adamw_mode=True,
+                 bias_correction=True, amsgrad=False, maximize=False, *, model_params=None,
+                 fp32_optimizer_states=True, ext_name=None):
+        if params is None:
+            params = model_params  # DeepSpeedCPUAdam's name
+        if params is None:
+            raise TypeError("CPUAdam needs the parameters to optimise: CPUAdam(model.parameters(), lr=...)")
+        if not fp32_optimizer_states:
+            raise ValueError("fp32_optimizer_states=False is not supported: CPUAdam keeps Adam's states in fp32 "
+                             "(low-precision params are fine); drop the argument")
+        if not 0.0 <= lr:
+            raise ValueError(f"invalid learning rate {lr}: must be >= 0")
+        if not 0.0 <= eps:
+            raise ValueError(f"invalid eps {eps}: must be >= 0")
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"invalid betas {betas}: each must be in [0, 1)")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"invalid weight_decay {weight_decay}: must be >= 0")
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
+                        adamw_mode=adamw_mode, bias_correction=bias_correction)
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            for p in group["params"]:
+                self._check_param(p)
+        self.kernel = CPUAdamLoader().load(ext_name=ext_name)
+
+    @staticmethod
+    def _check_param(p: torch.Tensor) -> None:
+        if p.device.type != "cpu":
+            raise ValueError(f"CPUAdam holds parameters in CPU memory, but one is on {p.device}: keep the "
+                             "optimiser's params on the CPU (ZeRO-Offload), or use torch.optim.AdamW(fused=True) "
+                             "for GPU params")
+        if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"CPUAdam updates float32, bfloat16 and float16 params, not {p.dtype}")
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        for group in self.param_groups:  # groups saved by torch.optim.Adam/AdamW lack our two keys
+            # torch.optim.Adam records decoupled_weight_decay (torch >= 2.8): AdamW's is True.
+            group.setdefault("adamw_mode", group.get("decoupled_weight_decay", self.defaults.get("adamw_mode", True)))
+            group.setdefault("bias_correction", True)
+            group.setdefault("amsgrad", False)
+            group.setdefault("maximize", False)
+
+    def _state(self, p: torch.Tensor, amsgrad: bool) -> dict:
+        state = self.state[p]
+        if not state:
+            state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
+        keys = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if amsgrad else [])
+        for key in keys:  # loaded from torch.optim in the param's dtype, or missing (amsgrad turned on later)
+            t = state.get(key)
+            if t is None:
+                state[key] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
+            elif t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
+                state[key] = t.to(device="cpu", dtype=torch.float32, memory_format=torch.contiguous_format)
+        if not torch.is_tensor(state["step"]):
+            state["step"] = torch.tensor(float(state["step"]), dtype=torch.float32)
+        return state
+
+    @torch.no_grad()
+    def step(self, closure=None, fp16_param_groups=None):
+        """One step. ``fp16_param_groups`` (DeepSpeed's name): per group, a list of tensors that
+        receive a copy of each updated param in their own dtype (e.g. bf16 weights for the GPU)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grad_scale = getattr(self, "grad_scale", None)  # set by torch.amp.GradScaler
+        found_inf = getattr(self, "found_inf", None)
+        if found_inf is not None and float(found_inf) > 0:
+            return loss
+        scale = float(grad_scale) if grad_scale is not None else 1.0
+        threads = torch.get_num_threads()
+        for gi, group in enumerate(self.param_groups):
+            copies = fp16_param_groups[gi] if fp16_param_groups is not None else None
+            if torch.is_tensor(copies):
+                copies = [copies]
+            beta1, beta2 = group["betas"]
+            for pi, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                grad = p.grad
+                if grad.is_sparse:
+                    raise RuntimeError("CPUAdam does not support sparse gradients: use torch.optim.SparseAdam")
+                if grad.device.type != "cpu":
+                    raise RuntimeError(f"a gradient is on {grad.device}: CPUAdam needs gradients in CPU memory")
+                state = self._state(p, group["amsgrad"])
+                state["step"] += 1
+                target = p if p.is_contiguous() else p.contiguous()
+                copy = copies[pi] if copies is not None else None
+                self.kernel.adam_step_(target, grad.contiguous(), state["exp_avg"], state["exp_avg_sq"],
+                                       state.get("max_exp_avg_sq") if group["amsgrad"] else None, copy,
+                                       float(group["lr"]), beta1, beta2, group["eps"], group["weight_decay"],
+                                       int(state["step"]), group["adamw_mode"], group["bias_correction"],
+                                       group["maximize"], scale, False, threads)
+                if target is not p:
+                    p.copy_(target)
+        return loss

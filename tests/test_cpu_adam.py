@@ -1,0 +1,267 @@
+"""cpu_adam: every variant that runs here, forced through ext_name, against an fp64 reference
+written here (not opforge's torch variant), over 10 steps.
+
+Tolerances, per param dtype:
+
+* fp32: the kernel computes in fp32 and the reference in fp64; after 10 steps the params
+  differ by a few fp32 ulps of the update chain, so rtol 1e-5, atol 1e-6 (params ~ N(0, 1),
+  lr 1e-2).
+* bf16 / fp16: the reference rounds its param to the param dtype after each step, as the
+  kernel stores it, and continues from the rounded value. The kernel rounds an fp32 result,
+  the reference an fp64 one: when the exact value lies within an fp32 rounding of a tie the
+  two round to neighbouring values, one ulp apart, and that can carry into later steps. So
+  2 ulps: rtol 2^-7 for bf16 (8 significant bits), 2^-10 for fp16 (11 bits), plus an atol of
+  one ulp at 1.0 for values near zero. The fp32 states are compared at rtol 1e-4 (they see
+  the rounded params through weight decay).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import opforge
+from opforge.kernel_loader import CPUAdamLoader
+
+STEPS = 10
+SIZES = (1, 7, 15, 16, 17, 1023)
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+TOL = {torch.float32: (1e-5, 1e-6), torch.bfloat16: (2**-7, 2**-8), torch.float16: (2**-10, 2**-10)}
+CONFIGS = {
+    "adam": dict(adamw=False, weight_decay=0.0),
+    "adam_l2": dict(adamw=False, weight_decay=0.1),
+    "adamw": dict(adamw=True, weight_decay=0.1),
+    "amsgrad": dict(adamw=True, weight_decay=0.1, amsgrad=True),
+    "maximize": dict(adamw=False, weight_decay=0.1, maximize=True),
+    "no_bias_correction": dict(adamw=True, weight_decay=0.0, bias_correction=False),
+    "grad_scale": dict(adamw=True, weight_decay=0.1, grad_scale=1024.0),
+}
+
+
+def runnable():
+    return [c.name for c in CPUAdamLoader().candidates() if c.decision]
+
+
+VARIANTS = runnable()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OPFORGE_CACHE_DIR", str(tmp_path_factory.mktemp("cpu-adam-cache")))
+        yield
+
+
+def kernel(name):
+    return CPUAdamLoader().load(ext_name=name)
+
+
+def reference_step(p, g, m, v, vmax, step, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, maximize,
+                   grad_scale):
+    """One Adam/AdamW step in fp64, as torch.optim.Adam/AdamW define it."""
+    g = g / grad_scale
+    if maximize:
+        g = -g
+    if adamw:
+        p = p * (1 - lr * weight_decay)
+    elif weight_decay:
+        g = g + weight_decay * p
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    bc1 = 1 - beta1**step if bias_correction else 1.0
+    bc2 = 1 - beta2**step if bias_correction else 1.0
+    d = v
+    if vmax is not None:
+        vmax = torch.maximum(vmax, v)
+        d = vmax
+    p = p - (lr / bc1) * m / (d.sqrt() / math.sqrt(bc2) + eps)
+    return p, m, v, vmax
+
+
+def run_both(name, n, dtype, grad_dtype=None, seed=0, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
+             adamw=True, bias_correction=True, maximize=False, amsgrad=False, grad_scale=1.0, copy_dtype=None):
+    gen = torch.Generator().manual_seed(seed)
+    grad_dtype = grad_dtype or dtype
+    p = torch.randn(n, generator=gen).to(dtype)
+    m, v = torch.zeros(n), torch.zeros(n)
+    vmax = torch.zeros(n) if amsgrad else None
+    copy = torch.empty(n, dtype=copy_dtype) if copy_dtype else None
+    rp, rm, rv = p.double(), torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
+    rvmax = torch.zeros(n, dtype=torch.float64) if amsgrad else None
+    k = kernel(name)
+    for step in range(1, STEPS + 1):
+        g = (torch.randn(n, generator=gen) * grad_scale).to(grad_dtype)
+        took = k.adam_step_(p, g, m, v, vmax, copy, lr, beta1, beta2, eps, weight_decay, step, adamw, bias_correction,
+                            maximize, grad_scale, grad_scale != 1.0, 1)
+        assert took
+        rp, rm, rv, rvmax = reference_step(rp, g.double(), rm, rv, rvmax, step, lr, beta1, beta2, eps, weight_decay,
+                                           adamw, bias_correction, maximize, grad_scale)
+        rp = rp.to(dtype).double()  # stored in the param's dtype, as the kernel does
+    return (p, m, v, vmax, copy), (rp, rm, rv, rvmax)
+
+
+def check(got, want, dtype):
+    (p, m, v, vmax, _), (rp, rm, rv, rvmax) = got, want
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(p.double(), rp, rtol=rtol, atol=atol)
+    torch.testing.assert_close(m.double(), rm, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(v.double(), rv, rtol=1e-4, atol=1e-8)
+    if vmax is not None:
+        torch.testing.assert_close(vmax.double(), rvmax, rtol=1e-4, atol=1e-8)
+
+
+def test_the_best_variant_for_this_cpu_is_chosen():
+    from opforge.platform import current
+
+    chosen = [c for c in CPUAdamLoader().candidates() if c.chosen][0]
+    cpu = current().cpu
+    if cpu.has("avx512f", "avx512bw", "avx512vl"):
+        assert chosen.name == "cpu_adam_avx512"
+    elif cpu.has("avx2", "fma", "f16c"):
+        assert chosen.name == "cpu_adam_avx2"
+    assert "cpu_adam_torch" in VARIANTS
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_simd_width_is_the_isa_it_claims(name):
+    want = {"cpu_adam_avx512": 16, "cpu_adam_avx2": 8, "cpu_adam_neon": 4, "cpu_adam_scalar": 1, "cpu_adam_torch": 0}
+    assert kernel(name).simd_width() == want[name]
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", VARIANTS)
+def test_matches_fp64_reference(name, dtype, config):
+    for n in SIZES:  # the SIMD tails: below, at and above one vector, and many vectors
+        got, want = run_both(name, n, dtype, seed=n, **CONFIGS[config])
+        check(got, want, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", VARIANTS)
+def test_large_tensor(name, dtype):
+    got, want = run_both(name, 2**20 + 3, dtype, amsgrad=True, weight_decay=0.1)
+    check(got, want, dtype)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_fp32_grads_for_low_precision_params(name):
+    for dtype in (torch.bfloat16, torch.float16):
+        got, want = run_both(name, 1023, dtype, grad_dtype=torch.float32, weight_decay=0.1)
+        check(got, want, dtype)
+
+
+@pytest.mark.parametrize("copy_dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("name", VARIANTS)
+def test_fused_low_precision_copy_rounds_like_torch(name, copy_dtype):
+    got, _ = run_both(name, 1027, torch.float32, copy_dtype=copy_dtype)
+    p, copy = got[0], got[4]
+    assert torch.equal(copy.view(torch.int16) if copy_dtype == torch.bfloat16 else copy,
+                       p.to(copy_dtype).view(torch.int16) if copy_dtype == torch.bfloat16 else p.to(copy_dtype))
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_bf16_rounding_is_nearest_even_and_keeps_nan(name):
+    """Params chosen so that the update is exactly zero (lr 0): what is stored is the
+    rounding of the fp32 value, which must equal torch's own .to(bfloat16), bit for bit."""
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-40, -1e-40, 3.4e38])
+    ties = torch.tensor([1.0 + 2**-8, 1.0 + 3 * 2**-8, -(1.0 + 2**-8)])  # exactly halfway in bf16
+    x = torch.cat([specials, ties, torch.randn(1000) * 100])
+    # lr=0 keeps the fp32 value; the bf16 param holds it after one step only if the kernel rounds it:
+    # so the value goes through the copy path (fp32 param -> bf16 copy).
+    p = x.clone()
+    copy = torch.empty_like(x, dtype=torch.bfloat16)
+    g = torch.zeros_like(x)
+    kernel(name).adam_step_(p, g, torch.zeros_like(x), torch.zeros_like(x), None, copy, 0.0, 0.9, 0.999, 1e-8, 0.0, 1,
+                            True, True, False, 1.0, False, 1)
+    want = x.to(torch.bfloat16)
+    nan = torch.isnan(want)
+    assert torch.isnan(copy[nan]).all()
+    assert torch.equal(copy[~nan].view(torch.int16), want[~nan].view(torch.int16))
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_found_inf_skips_the_step(name):
+    p, g = torch.randn(33), torch.randn(33)
+    g[17] = float("inf")
+    m, v = torch.zeros(33), torch.zeros(33)
+    before = p.clone()
+    took = kernel(name).adam_step_(p, g, m, v, None, None, 1e-2, 0.9, 0.999, 1e-8, 0.0, 1, True, True, False, 1024.0,
+                                   True, 1)
+    assert took is False
+    assert torch.equal(p, before) and not m.any() and not v.any()
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_empty_param_is_a_no_op(name):
+    e = torch.empty(0)
+    assert kernel(name).adam_step_(e, e, e, e, None, None, 1e-3, 0.9, 0.999, 1e-8, 0.0, 1, True, True, False, 1.0,
+                                   False, 1)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_threads_give_the_same_result(name):
+    outs = []
+    for threads in (1, 2, 3):
+        gen = torch.Generator().manual_seed(1)
+        p, g = torch.randn(10_007, generator=gen), torch.randn(10_007, generator=gen)
+        m, v = torch.zeros(10_007), torch.zeros(10_007)
+        kernel(name).adam_step_(p, g, m, v, None, None, 1e-2, 0.9, 0.999, 1e-8, 0.1, 1, True, True, False, 1.0, False,
+                                threads)
+        outs.append(p)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def bad_calls():
+    n = 8
+    ok = dict(p=torch.zeros(n), g=torch.zeros(n), m=torch.zeros(n), v=torch.zeros(n))
+    cases = {
+        "meta param (a device other than CPU)": dict(ok, p=torch.zeros(n, device="meta")),
+        "sparse grad": dict(ok, g=torch.zeros(n).to_sparse()),
+        "grad shape": dict(ok, g=torch.zeros(n + 1)),
+        "integer param": dict(ok, p=torch.zeros(n, dtype=torch.int32)),
+        "integer grad": dict(ok, g=torch.zeros(n, dtype=torch.int64)),
+        "fp64 state": dict(ok, m=torch.zeros(n, dtype=torch.float64)),
+    }
+    return cases
+
+
+@pytest.mark.parametrize("case", sorted(bad_calls()))
+@pytest.mark.parametrize("name", VARIANTS)
+def test_bad_input_is_a_clear_error(name, case):
+    a = bad_calls()[case]
+    with pytest.raises(RuntimeError, match="adam_step_|must|expected|differs"):
+        kernel(name).adam_step_(a["p"], a["g"], a["m"], a["v"], None, None, 1e-3, 0.9, 0.999, 1e-8, 0.0, 1, True, True,
+                                False, 1.0, False, 1)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_non_contiguous_param_works_or_names_the_fix(name):
+    """The C++ variants update in place through a flat pointer: they refuse, and say to call
+    .contiguous(); the torch variant works on the strided view."""
+    p = torch.randn(8, 4).t()
+    g = torch.randn(4, 8)
+
+    def step(param):
+        return kernel(name).adam_step_(param, g, torch.zeros(32), torch.zeros(32), None, None, 1e-3, 0.9, 0.999, 1e-8,
+                                       0.0, 1, True, True, False, 1.0, False, 1)
+
+    if name == "cpu_adam_torch":
+        want = p.contiguous()
+        step(want)
+        step(p)
+        torch.testing.assert_close(p, want)
+    else:
+        with pytest.raises(RuntimeError, match="contiguous"):
+            step(p)
+
+
+def test_report_lists_the_family(capsys):
+    from opforge.cli.main import main
+
+    assert main(["report", "cpu_adam"]) == 0
+    out = capsys.readouterr().out
+    assert "cpu_adam_avx512" in out and "cpu_adam_torch" in out
+    assert opforge.KernelLoader  # the public base of CPUAdamLoader

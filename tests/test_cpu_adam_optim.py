@@ -1,0 +1,166 @@
+"""opforge.optim.CPUAdam: against torch.optim.Adam/AdamW step for step, checkpoints that move
+both ways, lr schedulers, GradScaler, DeepSpeedCPUAdam's argument names, bad input."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from opforge.kernel_loader import CPUAdamLoader
+from opforge.optim import CPUAdam
+
+VARIANTS = [c.name for c in CPUAdamLoader().candidates() if c.decision]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OPFORGE_CACHE_DIR", str(tmp_path_factory.mktemp("cpu-adam-optim-cache")))
+        yield
+
+
+def model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(13, 33), torch.nn.GELU(), torch.nn.Linear(33, 5))
+
+
+def train(m, opt, steps, seed=1, sched=None):
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(16, 13, generator=gen)
+        opt.zero_grad()
+        m(x).pow(2).mean().backward()
+        opt.step()
+        if sched is not None:
+            sched.step()
+
+
+def assert_same_params(a, b, rtol=1e-5, atol=1e-6):
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(pa, pb, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("adamw", [True, False])
+def test_matches_torch_step_for_step(name, adamw):
+    ours, theirs = model(), model()
+    kw = dict(lr=1e-2, betas=(0.8, 0.99), eps=1e-7, weight_decay=0.05, amsgrad=True)
+    opt = CPUAdam(ours.parameters(), adamw_mode=adamw, ext_name=name, **kw)
+    ref = (torch.optim.AdamW if adamw else torch.optim.Adam)(theirs.parameters(), **kw)
+    train(ours, opt, 10)
+    train(theirs, ref, 10)
+    assert_same_params(ours, theirs)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_checkpoints_move_to_torch_and_back(name):
+    a, b = model(), model()
+    opt_a = CPUAdam(a.parameters(), lr=1e-2, weight_decay=0.1, ext_name=name)
+    train(a, opt_a, 5)
+    b.load_state_dict(a.state_dict())
+    opt_b = torch.optim.AdamW(b.parameters(), lr=1e-2, weight_decay=0.1)
+    opt_b.load_state_dict(copy.deepcopy(opt_a.state_dict()))  # ours -> torch (a copy: state_dict shares tensors)
+    assert set(opt_b.state_dict()["state"][0]) == {"step", "exp_avg", "exp_avg_sq"}
+    train(a, opt_a, 5, seed=2)
+    train(b, opt_b, 5, seed=2)
+    assert_same_params(a, b)
+    c = model()
+    c.load_state_dict(b.state_dict())
+    opt_c = CPUAdam(c.parameters(), lr=1.0, ext_name=name)  # the checkpoint's lr and decay win
+    opt_c.load_state_dict(copy.deepcopy(opt_b.state_dict()))  # torch -> ours
+    train(b, opt_b, 5, seed=3)
+    train(c, opt_c, 5, seed=3)
+    assert_same_params(b, c)
+
+
+def test_lr_scheduler_drives_it_like_torch():
+    ours, theirs = model(), model()
+    opt = CPUAdam(ours.parameters(), lr=1e-2)
+    ref = torch.optim.AdamW(theirs.parameters(), lr=1e-2, weight_decay=0.0)
+    s1 = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    s2 = torch.optim.lr_scheduler.StepLR(ref, step_size=3, gamma=0.5)
+    train(ours, opt, 8, sched=s1)
+    train(theirs, ref, 8, sched=s2)
+    assert opt.param_groups[0]["lr"] == ref.param_groups[0]["lr"] == 1e-2 * 0.5**2
+    assert_same_params(ours, theirs)
+
+
+def test_param_groups_keep_their_own_settings():
+    m = model()
+    opt = CPUAdam([{"params": m[0].parameters(), "lr": 0.0}, {"params": m[2].parameters()}], lr=1e-2)
+    before = [p.clone() for p in m[0].parameters()]
+    train(m, opt, 2)
+    assert all(torch.equal(p, q) for p, q in zip(m[0].parameters(), before))  # lr 0: untouched
+
+
+def test_deepspeed_argument_names_and_low_precision_copies():
+    m = model()
+    opt = CPUAdam(model_params=m.parameters(), lr=1e-2, bias_correction=True, fp32_optimizer_states=True)
+    copies = [torch.empty_like(p, dtype=torch.bfloat16) for p in m.parameters()]
+    x = torch.randn(4, 13)
+    m(x).sum().backward()
+    opt.step(fp16_param_groups=[copies])
+    for p, c in zip(m.parameters(), copies):
+        assert torch.equal(c, p.detach().to(torch.bfloat16))
+    with pytest.raises(ValueError, match="fp32_optimizer_states=False is not supported"):
+        CPUAdam(m.parameters(), fp32_optimizer_states=False)
+
+
+def test_grad_scaler_unscales_and_skips_infs():
+    ours, theirs = model(), model()
+    opt = CPUAdam(ours.parameters(), lr=1e-2)
+    ref = torch.optim.AdamW(theirs.parameters(), lr=1e-2, weight_decay=0.0)
+    s1, s2 = torch.amp.GradScaler("cpu", init_scale=1024.0), torch.amp.GradScaler("cpu", init_scale=1024.0)
+    gen = torch.Generator().manual_seed(0)
+    for i in range(4):
+        x = torch.randn(8, 13, generator=gen)
+        if i == 2:
+            x[0, 0] = float("inf")  # an overflow: the step is skipped and the scale halves
+        for m, o, s in ((ours, opt, s1), (theirs, ref, s2)):
+            o.zero_grad()
+            s.scale(m(x).pow(2).mean()).backward()
+            s.step(o)
+            s.update()
+    assert s1.get_scale() == s2.get_scale() == 512.0
+    assert_same_params(ours, theirs)
+
+
+def test_low_precision_params_train():
+    m = model().to(torch.bfloat16)
+    opt = CPUAdam(m.parameters(), lr=1e-2)
+    first = [p.clone() for p in m.parameters()]
+    train_bf16 = torch.randn(16, 13).to(torch.bfloat16)
+    for _ in range(3):
+        opt.zero_grad()
+        m(train_bf16).float().pow(2).mean().backward()
+        opt.step()
+    assert all(not torch.equal(p, q) for p, q in zip(m.parameters(), first))
+    assert all(opt.state[p]["exp_avg"].dtype == torch.float32 for p in m.parameters())
+
+
+def test_non_contiguous_param_is_updated():
+    w = torch.nn.Parameter(torch.randn(6, 4).t())  # a transposed view
+    ref = torch.nn.Parameter(w.detach().clone())
+    opt, topt = CPUAdam([w], lr=1e-2), torch.optim.AdamW([ref], lr=1e-2, weight_decay=0.0)
+    for o, p in ((opt, w), (topt, ref)):
+        p.grad = torch.ones_like(p)
+        o.step()
+    torch.testing.assert_close(w, ref)
+
+
+def test_bad_input_is_a_clear_error():
+    with pytest.raises(ValueError, match="CPU memory, but one is on meta"):
+        CPUAdam([torch.nn.Parameter(torch.zeros(3, device="meta"))])
+    with pytest.raises(ValueError, match="not torch.int64"):
+        CPUAdam([torch.zeros(3, dtype=torch.int64)])
+    with pytest.raises(ValueError, match="invalid betas"):
+        CPUAdam([torch.nn.Parameter(torch.zeros(3))], betas=(1.0, 0.999))
+    with pytest.raises(TypeError, match="needs the parameters"):
+        CPUAdam()
+    emb = torch.nn.Embedding(10, 3, sparse=True)
+    opt = CPUAdam(emb.parameters())
+    emb(torch.tensor([1, 2])).sum().backward()
+    with pytest.raises(RuntimeError, match="sparse gradients: use torch.optim.SparseAdam"):
+        opt.step()
