@@ -1,0 +1,125 @@
+// STREAM triad for bench/cpu_adam.py: a[i] = b[i] + s * c[i] over float32 CPU tensors.
+//
+// Built by opforge's engine on the LibTorch stable ABI (-DTORCH_TARGET_VERSION, added by
+// the engine), with -O3 -fopenmp and the ISA flags the bench script picks for this CPU.
+// The elements are split in 64-element-aligned chunks, one per OpenMP thread, as the
+// cpu_adam kernel splits its work, so both see the same thread-to-memory layout.
+//
+// Ops, registered under the namespace given by -DOPFORGE_NS=<name>:
+//   triad(Tensor(a!) a, Tensor b, Tensor c, float s, int num_threads, bool streaming) -> ()
+//     streaming: non-temporal stores to a (AVX-512/AVX2 builds; a must be 64-byte
+//     aligned), which skip the write-allocate read of a.
+//   simd_width() -> int    floats per vector of the ISA this TU was built for
+
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/util/Exception.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
+#ifndef OPFORGE_NS
+#define OPFORGE_NS bench_triad
+#endif
+
+namespace {
+
+using torch::stable::Tensor;
+
+#if defined(__AVX512F__)
+constexpr int64_t kSimdWidth = 16;
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int64_t kSimdWidth = 8;
+#else
+constexpr int64_t kSimdWidth = 1;
+#endif
+
+// a[i] = b[i] + s * c[i] for i in [0, n).
+void triad_chunk(float* a, const float* b, const float* c, int64_t n, float s, bool streaming) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 vs = _mm512_set1_ps(s);
+  if (streaming) {
+    for (; i + 16 <= n; i += 16)
+      _mm512_stream_ps(a + i, _mm512_fmadd_ps(vs, _mm512_loadu_ps(c + i), _mm512_loadu_ps(b + i)));
+    _mm_sfence();
+  } else {
+    for (; i + 16 <= n; i += 16)
+      _mm512_storeu_ps(a + i, _mm512_fmadd_ps(vs, _mm512_loadu_ps(c + i), _mm512_loadu_ps(b + i)));
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 vs = _mm256_set1_ps(s);
+  if (streaming) {
+    for (; i + 8 <= n; i += 8)
+      _mm256_stream_ps(a + i, _mm256_fmadd_ps(vs, _mm256_loadu_ps(c + i), _mm256_loadu_ps(b + i)));
+    _mm_sfence();
+  } else {
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(a + i, _mm256_fmadd_ps(vs, _mm256_loadu_ps(c + i), _mm256_loadu_ps(b + i)));
+  }
+#else
+  (void)streaming;
+#endif
+  for (; i < n; ++i) a[i] = b[i] + s * c[i];
+}
+
+void check(const Tensor& t, const char* name, int64_t n) {
+  STD_TORCH_CHECK(t.is_cpu() && t.is_contiguous(), "triad: ", name, " must be a contiguous CPU tensor");
+  STD_TORCH_CHECK(t.scalar_type() == torch::headeronly::ScalarType::Float, "triad: ", name,
+                  " must be float32");
+  STD_TORCH_CHECK(t.numel() == n, "triad: ", name, " must have ", n, " elements, got ", t.numel());
+}
+
+void triad(Tensor a, Tensor b, Tensor c, double s, int64_t num_threads, bool streaming) {
+  const int64_t n = a.numel();
+  check(a, "a", n);
+  check(b, "b", n);
+  check(c, "c", n);
+  STD_TORCH_CHECK(num_threads >= 1, "triad: num_threads must be >= 1, got ", num_threads);
+  float* pa = static_cast<float*>(a.mutable_data_ptr());
+  const float* pb = static_cast<const float*>(b.const_data_ptr());
+  const float* pc = static_cast<const float*>(c.const_data_ptr());
+  STD_TORCH_CHECK(!streaming || reinterpret_cast<uintptr_t>(pa) % 64 == 0,
+                  "triad: streaming stores need a 64-byte aligned a");
+  const float fs = static_cast<float>(s);
+#ifdef _OPENMP
+#pragma omp parallel num_threads(static_cast<int>(num_threads))
+  {
+    const int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();
+    const int64_t chunk = ((n + nt - 1) / nt + 63) / 64 * 64;  // keeps each chunk 64-byte aligned
+    const int64_t b0 = std::min(n, tid * chunk), e0 = std::min(n, b0 + chunk);
+    if (b0 < e0) triad_chunk(pa + b0, pb + b0, pc + b0, e0 - b0, fs, streaming);
+  }
+#else
+  triad_chunk(pa, pb, pc, n, fs, streaming);
+#endif
+}
+
+int64_t simd_width() { return kSimdWidth; }
+
+}  // namespace
+
+// STABLE_TORCH_LIBRARY pastes its namespace with ##, which would not expand
+// OPFORGE_NS; one level of indirection expands it first.
+#define OPFORGE_LIBRARY_(ns, m) STABLE_TORCH_LIBRARY(ns, m)
+#define OPFORGE_LIBRARY(ns, m) OPFORGE_LIBRARY_(ns, m)
+#define OPFORGE_LIBRARY_IMPL_(ns, k, m) STABLE_TORCH_LIBRARY_IMPL(ns, k, m)
+#define OPFORGE_LIBRARY_IMPL(ns, k, m) OPFORGE_LIBRARY_IMPL_(ns, k, m)
+
+OPFORGE_LIBRARY(OPFORGE_NS, m) {
+  m.def("triad(Tensor(a!) a, Tensor b, Tensor c, float s, int num_threads, bool streaming) -> ()");
+  m.def("simd_width() -> int");
+}
+
+OPFORGE_LIBRARY_IMPL(OPFORGE_NS, CompositeExplicitAutograd, m) {
+  m.impl("triad", TORCH_BOX(&triad));
+  m.impl("simd_width", TORCH_BOX(&simd_width));
+}
