@@ -299,12 +299,16 @@ class CompiledExtension(Extension):
                 args["nvcc"].append(stable_abi_macro(self.stable_abi))
             maker = cpp_extension.CUDAExtension
         args["cxx"].append("-g0")  # Python's CFLAGS carry -g: 4x the wheel for symbols nobody reads
+        from . import settings as s_mod
+        from .build import flags as flags_mod, toolchain
+
+        runtime = flags_mod.runtime_ldflags(toolchain.find_cxx(s_mod.current()))
         return maker(
             name=f"{package}.{self.name}",
             sources=[os.path.relpath(p, root) for p in self.source_paths()],
             include_dirs=[os.path.join(self.source_dir(), d) for d in self.include_dirs],
             extra_compile_args=args,
-            extra_link_args=self.link_flags(),
+            extra_link_args=self.link_flags() + runtime,
             py_limited_api=bool(self.stable_abi),
         )
 

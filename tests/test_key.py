@@ -192,3 +192,23 @@ def test_stable_abi_build_needs_a_library_and_a_recent_torch(cache_dir, tmp_path
     with pytest.raises(ToolchainError, match="upgrade torch to >= 9.0"):
         key.make_spec(settings.current(), "st", [str(src)], None, None, None, None, False, False, False, "9.0")
     assert opforge  # imported for the side effect of a full package import
+
+
+def test_a_compiler_with_only_a_static_libstdcxx_gets_the_shared_one(tmp_path):
+    """A relocated GCC without libstdc++.so links a private C++ runtime into each kernel, and
+    a kernel's failed input check then crashes the process (seen on the GPU host's
+    /opt/gcc). opforge links the system's libstdc++.so.6 explicitly for such compilers."""
+    from opforge.build import toolchain
+
+    def fake(name, answer):
+        path = tmp_path / name
+        path.write_text(f"#!/bin/sh\ncase \"$1\" in -print-file-name=*) echo '{answer}';; esac\n")
+        path.chmod(0o755)
+        st = path.stat()
+        return toolchain.Tool((str(path),), str(path), st.st_size, st.st_mtime_ns)
+
+    static = fake("g++-relocated", "libstdc++.so")
+    normal = fake("g++-normal", "/usr/lib/gcc/x86_64-linux-gnu/12/libstdc++.so")
+    assert toolchain.static_libstdcxx(static) and not toolchain.static_libstdcxx(normal)
+    assert flags.runtime_ldflags(static) == ["-l:libstdc++.so.6"]
+    assert flags.runtime_ldflags(normal) == [] and flags.runtime_ldflags(None) == []

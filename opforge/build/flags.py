@@ -139,7 +139,18 @@ def derive(spec: BuildSpec, settings: Settings) -> Flags:
         ldflags.append("-ltorch_python")
     if spec.with_cuda:
         ldflags.append("-lcudart")
+    ldflags += runtime_ldflags(spec.cxx)
     return Flags(tuple(cflags), tuple(cuda_cflags), tuple(ldflags))
+
+
+def runtime_ldflags(cxx) -> list[str]:
+    """Link the shared C++ runtime torch uses when the compiler would link a static copy."""
+    from .toolchain import static_libstdcxx
+
+    return [SHARED_LIBSTDCXX] if cxx is not None and static_libstdcxx(cxx) else []
+
+
+SHARED_LIBSTDCXX = "-l:libstdc++.so.6"
 
 
 def system_prefixes(spec: BuildSpec, cuda_home: str | None) -> list[str]:

@@ -29,7 +29,8 @@ from . import toolchain
 from .toolchain import TorchFacts, Tool
 
 #: Bump when the flags opforge derives, or the cache layout, change.
-BUILD_FORMAT = 1
+#: 2: the shared libstdc++ is linked explicitly when the compiler only has a static one.
+BUILD_FORMAT = 2
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NATIVE_RE = re.compile(r"^-m(arch|tune|cpu)=native$")

@@ -146,6 +146,28 @@ def probe_version(argv: tuple[str, ...] | list[str]) -> str:
     return lines[-1].strip() if "nvcc" in argv[0] else lines[0].strip()
 
 
+@functools.lru_cache(maxsize=16)
+def _print_file_name(argv: tuple[str, ...], identity: str, name: str) -> str:
+    del identity  # part of the memo key: a reinstalled compiler is asked again
+    try:
+        out = subprocess.run([*argv, f"-print-file-name={name}"], capture_output=True, text=True, timeout=60,
+                             check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def static_libstdcxx(cxx: Tool) -> bool:
+    """True when the compiler has no shared libstdc++ of its own (a relocated GCC that ships
+    only ``libstdc++.a``): it would link a private copy of the C++ runtime into each kernel,
+    and an exception thrown by the kernel (a failed input check) would crash the process
+    when torch's runtime tries to catch it. The cold path then links the system's
+    ``libstdc++.so.6``, the one torch uses. GCC answers ``-print-file-name`` with the bare
+    name when it can't find the file."""
+    found = _print_file_name(cxx.argv, cxx.identity, "libstdc++.so")
+    return bool(found) and os.sep not in found and "clang" not in os.path.basename(cxx.path)
+
+
 @dataclass(frozen=True)
 class TorchFacts:
     """What about the running torch and Python changes a binary built against them."""

@@ -223,6 +223,13 @@ want = torch.add(y, x, alpha=1.5)
 if not torch.allclose(got, want, rtol=1e-6, atol=1e-6):
     print("axpy differs from torch: max abs error %g" % (got - want).abs().max().item())
     sys.exit(3)
+sys.stdout.flush()
+try:  # a kernel's failed input check must reach Python as an exception (a private C++ runtime crashes here)
+    ops.axpy(x.double(), y, 1.0)
+    print("a float64 input was accepted")
+    sys.exit(4)
+except RuntimeError:
+    pass
 print(int(ops.simd_width()))
 """
 
@@ -272,6 +279,11 @@ def check_trial_build(platform: Platform, settings: settings_mod.Settings,
     except subprocess.TimeoutExpired:
         return Check(name, FAIL, f"{ext.name} ({how}) hung while loading in a child process ({timeout:.0f} s)",
                      f"remove it (`opforge cache clean {ext.name}`) and rerun")
+    if out.returncode < 0:
+        return Check(name, FAIL, f"{ext.name} ({how}) crashed (signal {-out.returncode}) when its input check "
+                                 "raised an error: the kernel and torch don't share one C++ runtime",
+                     "use a compiler with a shared libstdc++ (e.g. CXX=/usr/bin/g++), then "
+                     f"`opforge cache clean {ext.name}` and rerun")
     if out.returncode != 0:
         lines = (out.stdout + out.stderr).strip().splitlines()
         return Check(name, FAIL, f"{ext.name} ({how}) failed to load or run (exit {out.returncode}): "
