@@ -78,7 +78,8 @@ def build_triad():
         ("avx2", ("avx2", "fma"), ["-mavx2", "-mfma"]), ("scalar", (), [])) if cpu.has(*need))
     s = settings.current()
     spec = make_spec(s, "bench_triad", [os.path.join(ROOT, "bench", "triad", "triad.cpp")],
-                     ["-O3", "-fopenmp", "-DOPFORGE_NS=bench_triad", *flags], None, ["-fopenmp"], None,
+                     ["-O3", "-fopenmp", "-DOPFORGE_NS=bench_triad", *flags], None, ["-fopenmp"],
+                     [os.path.join(ROOT, "opforge", "kernels", "common", "csrc")],
                      False, False, False, "2.10")
     jit.load_spec(spec, s, None, Reporter(False))
     return torch.ops.bench_triad, isa

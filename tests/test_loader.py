@@ -23,6 +23,7 @@ from opforge.platform import Cpu, Gpu, Platform, ToolInfo
 
 AXPY = os.path.relpath(os.path.join(ROOT, "opforge", "kernels", "selftest", "csrc", "axpy.cpp"), os.path.dirname(__file__))
 BROKEN = "data/broken_op.cpp"
+COMMON = os.path.relpath(os.path.join(ROOT, "opforge", "kernels", "common", "csrc"), os.path.dirname(__file__))
 _ids = itertools.count()
 
 GCC = ToolInfo("/usr/bin/g++", "g++ 12.2.0")
@@ -46,6 +47,7 @@ def toy_kind():
 
     class Cpp(CppExtension):
         name, priority, sources, stable_abi = f"toy{n}_cpp", 20, (AXPY,), "2.10"
+        include_dirs = (COMMON,)
 
     class Torch(TorchExtension):
         name, priority, module = f"toy{n}_torch", 0, "toy_reference"

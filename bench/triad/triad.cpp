@@ -16,6 +16,8 @@
 #include <torch/headeronly/core/ScalarType.h>
 #include <torch/headeronly/util/Exception.h>
 
+#include "opforge_stable.h"
+
 #include <algorithm>
 #include <cstdint>
 
@@ -106,13 +108,6 @@ void triad(Tensor a, Tensor b, Tensor c, double s, int64_t num_threads, bool str
 int64_t simd_width() { return kSimdWidth; }
 
 }  // namespace
-
-// STABLE_TORCH_LIBRARY pastes its namespace with ##, which would not expand
-// OPFORGE_NS; one level of indirection expands it first.
-#define OPFORGE_LIBRARY_(ns, m) STABLE_TORCH_LIBRARY(ns, m)
-#define OPFORGE_LIBRARY(ns, m) OPFORGE_LIBRARY_(ns, m)
-#define OPFORGE_LIBRARY_IMPL_(ns, k, m) STABLE_TORCH_LIBRARY_IMPL(ns, k, m)
-#define OPFORGE_LIBRARY_IMPL(ns, k, m) OPFORGE_LIBRARY_IMPL_(ns, k, m)
 
 OPFORGE_LIBRARY(OPFORGE_NS, m) {
   m.def("triad(Tensor(a!) a, Tensor b, Tensor c, float s, int num_threads, bool streaming) -> ()");

@@ -7,6 +7,7 @@ from .loader import CPUAdamLoader
 
 class _CPUAdam(CppExtension):
     kind = "cpu_adam"
+    include_dirs = ("../common/csrc",)  # opforge_stable.h
     sources = ("csrc/cpu_adam.cpp",)
     stable_abi = "2.10"
     openmp = True

@@ -7,6 +7,7 @@ from .loader import SelftestLoader
 
 class _Selftest(CppExtension):
     kind = "selftest"
+    include_dirs = ("../common/csrc",)  # opforge_stable.h
     sources = ("csrc/axpy.cpp",)
     stable_abi = "2.10"
 

@@ -25,6 +25,8 @@
 #include <torch/headeronly/core/ScalarType.h>
 #include <torch/headeronly/util/Exception.h>
 
+#include "opforge_stable.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -43,6 +45,9 @@
 
 namespace {
 
+using opforge_stable::device_name;
+using opforge_stable::shape_str;
+
 using opforge_adam::DType;
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
@@ -51,23 +56,6 @@ using torch::stable::Tensor;
 constexpr int64_t kMinPerThread = 32768;
 // Chunk boundaries are multiples of this (whole cache lines for every dtype).
 constexpr int64_t kAlign = 64;
-
-std::string device_name(const Tensor& t) {
-  int32_t dt = -1;  // raw shim code: Tensor::device() throws on unknown types
-  aoti_torch_get_device_type(t.get(), &dt);
-  if (dt == aoti_torch_device_type_cpu()) return "cpu";
-  if (dt == aoti_torch_device_type_cuda()) return "cuda";
-  if (dt == aoti_torch_device_type_meta()) return "meta";
-  if (dt == aoti_torch_device_type_xpu()) return "xpu";
-  if (dt == aoti_torch_device_type_mps()) return "mps";
-  return "device type " + std::to_string(dt);
-}
-
-std::string shape_str(torch::headeronly::IntHeaderOnlyArrayRef s) {
-  std::string r = "[";
-  for (size_t d = 0; d < s.size(); ++d) r += (d ? ", " : "") + std::to_string(s[d]);
-  return r + "]";
-}
 
 const char* layout_name(torch::headeronly::Layout l) {
   using torch::headeronly::Layout;
@@ -276,13 +264,6 @@ int64_t simd_width() {
 }
 
 }  // namespace
-
-// STABLE_TORCH_LIBRARY pastes its namespace with ##, which would not expand
-// OPFORGE_NS; one level of indirection expands it first.
-#define OPFORGE_LIBRARY_(ns, m) STABLE_TORCH_LIBRARY(ns, m)
-#define OPFORGE_LIBRARY(ns, m) OPFORGE_LIBRARY_(ns, m)
-#define OPFORGE_LIBRARY_IMPL_(ns, k, m) STABLE_TORCH_LIBRARY_IMPL(ns, k, m)
-#define OPFORGE_LIBRARY_IMPL(ns, k, m) OPFORGE_LIBRARY_IMPL_(ns, k, m)
 
 OPFORGE_LIBRARY(OPFORGE_NS, m) {
   m.def(

@@ -23,6 +23,8 @@
 #include <torch/headeronly/core/ScalarType.h>
 #include <torch/headeronly/util/Exception.h>
 
+#include "opforge_stable.h"
+
 #include <cstdint>
 #include <string>
 
@@ -37,6 +39,9 @@
 #endif
 
 namespace {
+
+using opforge_stable::device_name;
+using opforge_stable::shape_str;
 
 using torch::stable::Tensor;
 
@@ -83,25 +88,6 @@ void axpy_kernel(const float* x, const float* y, float* out, int64_t n, float a)
   }
 }
 
-std::string device_name(const Tensor& t) {
-  int32_t dt = -1;  // raw shim code: Tensor::device() throws on unknown types
-  aoti_torch_get_device_type(t.get(), &dt);
-  if (dt == aoti_torch_device_type_cpu()) return "cpu";
-  if (dt == aoti_torch_device_type_cuda()) return "cuda";
-  if (dt == aoti_torch_device_type_meta()) return "meta";
-  if (dt == aoti_torch_device_type_xpu()) return "xpu";
-  if (dt == aoti_torch_device_type_mps()) return "mps";
-  return "device type " + std::to_string(dt);
-}
-
-std::string shape_str(torch::headeronly::IntHeaderOnlyArrayRef s) {
-  std::string r = "[";
-  for (size_t d = 0; d < s.size(); ++d) {
-    r += (d ? ", " : "") + std::to_string(s[d]);
-  }
-  return r + "]";
-}
-
 void check_input(const Tensor& t, const char* name) {
   STD_TORCH_CHECK(t.is_cpu(), "axpy: ", name, " must be a CPU tensor, got ",
                   device_name(t));
@@ -136,13 +122,6 @@ int64_t simd_width() {
 }
 
 }  // namespace
-
-// STABLE_TORCH_LIBRARY pastes its namespace with ##, which would not expand
-// OPFORGE_NS; one level of indirection expands it first.
-#define OPFORGE_LIBRARY_(ns, m) STABLE_TORCH_LIBRARY(ns, m)
-#define OPFORGE_LIBRARY(ns, m) OPFORGE_LIBRARY_(ns, m)
-#define OPFORGE_LIBRARY_IMPL_(ns, k, m) STABLE_TORCH_LIBRARY_IMPL(ns, k, m)
-#define OPFORGE_LIBRARY_IMPL(ns, k, m) OPFORGE_LIBRARY_IMPL_(ns, k, m)
 
 OPFORGE_LIBRARY(OPFORGE_NS, m) {
   m.def("axpy(Tensor x, Tensor y, float alpha) -> Tensor");
