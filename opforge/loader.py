@@ -202,8 +202,12 @@ class KernelLoader:
 
 
 def _one_line(exc: BaseException) -> str:
+    """The error's first line; for a build, the compiler's first error line as well."""
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
+    line = f"{type(exc).__name__}: {text[0] if text else ''}"
+    excerpt = getattr(exc, "excerpt", "") or ""
+    first = next((ln.strip() for ln in excerpt.splitlines() if "error" in ln.lower()), "")
+    return f"{line} {first}" if first else line
 
 
 def loaders() -> dict[str, type[KernelLoader]]:

@@ -216,6 +216,7 @@ def test_failed_build_falls_back_with_one_warning(cache_dir):
     assert len(fallbacks) == 1, [str(w.message) for w in caught]
     msg = str(fallbacks[0].message)
     assert Broken.name in msg and "BuildError" in msg and "falling back" in msg
+    assert "this_symbol_does_not_exist" in msg  # the compiler's first error, not just "First errors:"
     assert k.name == Cpp.name and k.origin == "built" and k.simd_width() == 1
     x, y = torch.randn(19), torch.randn(19)
     torch.testing.assert_close(k.axpy(x, y, 0.5), 0.5 * x + y)
