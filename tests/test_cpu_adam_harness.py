@@ -16,12 +16,13 @@ from conftest import ROOT
 
 CSRC = os.path.join(ROOT, "opforge", "kernels", "cpu_adam", "csrc")
 HARNESS = os.path.join(CSRC, "neon_harness.cpp")
+COMMON = os.path.join(ROOT, "opforge", "kernels", "common", "csrc")
 
 
 def build_and_run(cxx, flags, tmp_path, runner=()):
     exe = tmp_path / "harness"
-    subprocess.run([cxx, "-O2", "-std=c++17", *flags, HARNESS, "-o", str(exe)], check=True, capture_output=True,
-                   text=True, timeout=300)
+    subprocess.run([cxx, "-O2", "-std=c++17", "-I", COMMON, *flags, HARNESS, "-o", str(exe)], check=True,
+                   capture_output=True, text=True, timeout=300)
     out = subprocess.run([*runner, str(exe)], capture_output=True, text=True, timeout=600, check=False)
     return out
 

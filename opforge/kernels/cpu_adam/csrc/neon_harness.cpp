@@ -1,7 +1,7 @@
 // A torch-free check of adam_core.h, for the ISAs that cannot be tested here
 // through torch (NEON under qemu-aarch64), and for any other build of the core.
 //
-//   aarch64-linux-gnu-g++ -O3 -std=c++17 neon_harness.cpp -o harness
+//   aarch64-linux-gnu-g++ -O3 -std=c++17 -I ../../common/csrc neon_harness.cpp -o harness
 //   qemu-aarch64 -L /usr/aarch64-linux-gnu ./harness
 //
 // 1. The vector conversions (bf16 / fp16, both ways) against the scalar ones,
@@ -25,11 +25,11 @@ namespace {
 int g_failures = 0;
 
 const char* isa_name() {
-#if defined(OPFORGE_ADAM_AVX512)
+#if defined(OPFORGE_SIMD_AVX512)
   return "AVX-512";
-#elif defined(OPFORGE_ADAM_AVX2)
+#elif defined(OPFORGE_SIMD_AVX2)
   return "AVX2";
-#elif defined(OPFORGE_ADAM_NEON)
+#elif defined(OPFORGE_SIMD_NEON)
   return "NEON";
 #else
   return "scalar";
