@@ -1,7 +1,7 @@
 """CPU instruction sets that opforge builds kernel variants for, with the explicit flags
 each is compiled with and the CPU features (archspec's names) it needs at run time.
 
-Variants are compiled with these flags, never ``-march=native``: an AOT wheel then holds
+Variants are compiled with these flags, never tuned to the build host (no native -march): a wheel holds
 every x86 variant and runs on any x86 host, and the loader picks by the CPU it finds.
 
 >>> AVX512.flags[:3]
@@ -59,3 +59,7 @@ NEON = Isa("neon", "NEON", _ARM, (), ("asimd",), 4)
 PORTABLE = Isa("portable", "portable C++", (), (), (), 1)
 
 ALL = {i.name: i for i in (AVX512, AVX2, NEON, PORTABLE)}
+
+#: The CPU variants of a C++ kernel: name suffix, ISA, loader priority (higher first).
+#: NEON and AVX2 never compete (different machines), so they share a priority.
+CPU_VARIANTS = (("avx512", AVX512, 40), ("avx2", AVX2, 30), ("neon", NEON, 30), ("scalar", PORTABLE, 10))

@@ -363,3 +363,19 @@ def test_cuda_variant_is_chosen_on_a_gpu_and_matches_torch(cache_dir):
 def test_cuda_sources_get_the_op_namespace_too():
     flags = _AnyCuda().cuda_compile_flags()
     assert "-DOPFORGE_NS=cuda_any_example" in flags and "-O3" in flags
+
+
+def test_register_cpu_variants_declares_one_extension_per_isa():
+    from opforge.extension import register_cpu_variants
+
+    Loader, *_ = toy_kind()
+
+    class Base(CppExtension):
+        sources, stable_abi = (AXPY,), "2.10"
+
+    made = register_cpu_variants(Loader, Base, f"{Loader.kind}_v")
+    assert [(c.name, c.isa.name, c.priority) for c in made] == [
+        (f"{Loader.kind}_v_avx512", "avx512", 40), (f"{Loader.kind}_v_avx2", "avx2", 30),
+        (f"{Loader.kind}_v_neon", "neon", 30), (f"{Loader.kind}_v_scalar", "portable", 10)]
+    assert all(c.kind == Loader.kind and c.source_paths() == Base.source_paths() for c in made)
+    assert chosen(HASWELL) == "selftest_avx2"  # the shipped kinds are declared this way

@@ -4,7 +4,7 @@ torch's ``BuildExtension``, and records what they were built against in
 ``opforge/_C/build_info.json`` (see ``prebuilt.py``).
 
 * Every x86 ISA variant is built on an x86 host (explicit ``-m`` flags, never
-  ``-march=native``), so one wheel runs on any x86 machine; the loader picks at run time.
+  tuned to the build host), so one wheel runs on any x86 machine; the loader picks at run time.
 * A plain ``pip install .`` builds nothing: ``setup.py`` imports this module only when
   ``OPFORGE_BUILD`` is set.
 * torch must be importable by the build. pip's build isolation hides the installed one, so

@@ -1,36 +1,18 @@
-"""The cpu_adam variants, best first: one per ISA, then torch."""
+"""The cpu_adam variants, best first: one per CPU ISA, then torch."""
 
-from ... import isa
-from ...extension import CppExtension, TorchExtension
+from ...extension import CppExtension, TorchExtension, register_cpu_variants
 from .loader import CPUAdamLoader
 
 
 class _CPUAdam(CppExtension):
     kind = "cpu_adam"
-    include_dirs = ("../common/csrc",)  # opforge_stable.h
+    include_dirs = ("../common/csrc",)  # opforge_stable.h, opforge_simd.h
     sources = ("csrc/cpu_adam.cpp",)
     stable_abi = "2.10"
     openmp = True
 
 
-@CPUAdamLoader.register_extension
-class CPUAdamAvx512(_CPUAdam):
-    name, priority, isa = "cpu_adam_avx512", 40, isa.AVX512
-
-
-@CPUAdamLoader.register_extension
-class CPUAdamAvx2(_CPUAdam):
-    name, priority, isa = "cpu_adam_avx2", 30, isa.AVX2
-
-
-@CPUAdamLoader.register_extension
-class CPUAdamNeon(_CPUAdam):
-    name, priority, isa = "cpu_adam_neon", 30, isa.NEON
-
-
-@CPUAdamLoader.register_extension
-class CPUAdamScalar(_CPUAdam):
-    name, priority, isa = "cpu_adam_scalar", 10, isa.PORTABLE
+VARIANTS = register_cpu_variants(CPUAdamLoader, _CPUAdam, "cpu_adam")
 
 
 @CPUAdamLoader.register_extension

@@ -1,7 +1,6 @@
-"""The selftest variants, best first: one per ISA, then the torch reference."""
+"""The selftest variants, best first: one per CPU ISA, then the torch reference."""
 
-from ... import isa
-from ...extension import CppExtension, TorchExtension
+from ...extension import CppExtension, TorchExtension, register_cpu_variants
 from .loader import SelftestLoader
 
 
@@ -12,24 +11,7 @@ class _Selftest(CppExtension):
     stable_abi = "2.10"
 
 
-@SelftestLoader.register_extension
-class SelftestAvx512(_Selftest):
-    name, priority, isa = "selftest_avx512", 40, isa.AVX512
-
-
-@SelftestLoader.register_extension
-class SelftestAvx2(_Selftest):
-    name, priority, isa = "selftest_avx2", 30, isa.AVX2
-
-
-@SelftestLoader.register_extension
-class SelftestNeon(_Selftest):
-    name, priority, isa = "selftest_neon", 30, isa.NEON
-
-
-@SelftestLoader.register_extension
-class SelftestScalar(_Selftest):
-    name, priority, isa = "selftest_scalar", 10, isa.PORTABLE
+VARIANTS = register_cpu_variants(SelftestLoader, _Selftest, "selftest")
 
 
 @SelftestLoader.register_extension
