@@ -18,7 +18,7 @@ The subclasses keep a kernel's declaration to a few lines::
         sources = ("csrc/axpy.cpp",)
         stable_abi = "2.10"
 
-and ``register_cpu_variants(Loader, Base, "selftest")`` declares one such class per CPU ISA.
+and ``SelftestLoader.register_cpu_variants(Base, "selftest")`` declares one such class per CPU ISA.
 
 A compiled extension is found, in order: prebuilt in the package (``opforge/_C``, when it
 was built against a torch this one can run), then the JIT cache, then a JIT build.
@@ -332,18 +332,6 @@ class CppExtension(CompiledExtension):
 
     def is_available(self, platform) -> Decision:
         return self.isa.supports(platform)
-
-
-def register_cpu_variants(loader, base: type[CppExtension], prefix: str) -> list[type[CppExtension]]:
-    """Declare and register one subclass of ``base`` per CPU ISA (``isa.CPU_VARIANTS``):
-    ``<prefix>_avx512``, ``<prefix>_avx2``, ``<prefix>_neon``, ``<prefix>_scalar``, each built from
-    ``base``'s sources with that ISA's flags."""
-    made = []
-    for suffix, target, priority in isa_mod.CPU_VARIANTS:
-        cls = type(f"{base.__name__.lstrip('_')}_{suffix}", (base,),
-                   {"name": f"{prefix}_{suffix}", "priority": priority, "isa": target, "__module__": base.__module__})
-        made.append(loader.register_extension(cls))
-    return made
 
 
 class CudaExtension(CompiledExtension):

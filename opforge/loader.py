@@ -134,6 +134,21 @@ class KernelLoader:
         return ext_cls
 
     @classmethod
+    def register_cpu_variants(cls, base: type[Extension], prefix: str) -> list[type[Extension]]:
+        """Declare and register one subclass of ``base`` (a CppExtension) per CPU ISA
+        (``isa.CPU_VARIANTS``): ``<prefix>_avx512``, ``_avx2``, ``_neon`` and ``_scalar``, each built
+        from ``base``'s sources with that ISA's flags."""
+        from . import isa
+
+        made = []
+        for suffix, target, priority in isa.CPU_VARIANTS:
+            variant = type(f"{base.__name__.lstrip('_')}_{suffix}", (base,),
+                           {"name": f"{prefix}_{suffix}", "priority": priority, "isa": target,
+                            "__module__": base.__module__})
+            made.append(cls.register_extension(variant))
+        return made
+
+    @classmethod
     def extensions(cls) -> list[Extension]:
         return [e() for e in cls._extensions]
 

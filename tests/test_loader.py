@@ -366,14 +366,12 @@ def test_cuda_sources_get_the_op_namespace_too():
 
 
 def test_register_cpu_variants_declares_one_extension_per_isa():
-    from opforge.extension import register_cpu_variants
-
     Loader, *_ = toy_kind()
 
     class Base(CppExtension):
         sources, stable_abi = (AXPY,), "2.10"
 
-    made = register_cpu_variants(Loader, Base, f"{Loader.kind}_v")
+    made = Loader.register_cpu_variants(Base, f"{Loader.kind}_v")
     assert [(c.name, c.isa.name, c.priority) for c in made] == [
         (f"{Loader.kind}_v_avx512", "avx512", 40), (f"{Loader.kind}_v_avx2", "avx2", 30),
         (f"{Loader.kind}_v_neon", "neon", 30), (f"{Loader.kind}_v_scalar", "portable", 10)]

@@ -1,6 +1,6 @@
 """The cpu_adam variants, best first: one per CPU ISA, then torch."""
 
-from ...extension import CppExtension, TorchExtension, register_cpu_variants
+from ...extension import CppExtension, TorchExtension
 from .loader import CPUAdamLoader
 
 
@@ -12,7 +12,7 @@ class _CPUAdam(CppExtension):
     openmp = True
 
 
-VARIANTS = register_cpu_variants(CPUAdamLoader, _CPUAdam, "cpu_adam")
+VARIANTS = CPUAdamLoader.register_cpu_variants(_CPUAdam, "cpu_adam")
 
 
 @CPUAdamLoader.register_extension

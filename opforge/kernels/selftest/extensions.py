@@ -1,6 +1,6 @@
 """The selftest variants, best first: one per CPU ISA, then the torch reference."""
 
-from ...extension import CppExtension, TorchExtension, register_cpu_variants
+from ...extension import CppExtension, TorchExtension
 from .loader import SelftestLoader
 
 
@@ -11,7 +11,7 @@ class _Selftest(CppExtension):
     stable_abi = "2.10"
 
 
-VARIANTS = register_cpu_variants(SelftestLoader, _Selftest, "selftest")
+VARIANTS = SelftestLoader.register_cpu_variants(_Selftest, "selftest")
 
 
 @SelftestLoader.register_extension
