@@ -258,6 +258,189 @@ def test_non_contiguous_param_works_or_names_the_fix(name):
             step(p)
 
 
+# --- adam_step_multi_: a list of params in one call, each at its own step
+
+# Odd sizes, an empty one, and one larger than kMinPerThread (32768) x 2 threads, so that a
+# thread's range of the list spans tensor boundaries.
+MULTI_SIZES = (17, 0, 1, 70_001, 1023, 5)
+
+
+def hyper(config):
+    """adam_step_'s scalar arguments for a CONFIGS entry (lr ... grad_scale), and amsgrad."""
+    c = {"lr": 1e-2, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "bias_correction": True, "maximize": False,
+         "grad_scale": 1.0, **CONFIGS[config]}
+    amsgrad = c.pop("amsgrad", False)
+    names = ("lr", "beta1", "beta2", "eps", "weight_decay", "adamw", "bias_correction", "maximize", "grad_scale")
+    return tuple(c[k] for k in names), amsgrad
+
+
+def multi_lists(seed, amsgrad, copies, sizes=MULTI_SIZES):
+    """The multi op's tensor lists: param dtypes mixed within the list, grads in another dtype
+    than their param, states not zero, and steps taken that differ from param to param."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def states():
+        return [torch.rand(n, generator=gen) * 1e-2 for n in sizes]
+
+    params = [torch.randn(n, generator=gen).to(DTYPES[i % 3]) for i, n in enumerate(sizes)]
+    grads = [torch.randn(n, generator=gen).to(DTYPES[(i + 1) % 3]) for i, n in enumerate(sizes)]
+    maxes = states() if amsgrad else []
+    outs = [torch.empty(n, dtype=DTYPES[(i + 2) % 3]) for i, n in enumerate(sizes)] if copies else []
+    steps = [torch.tensor(float(i % 4)) for i in range(len(sizes))]
+    return [params, grads, states(), states(), maxes, outs, steps]
+
+
+def clone(lists):
+    return [[t.clone() for t in ts] for ts in lists]
+
+
+def per_param(k, lists, scalars, check_finite):
+    """adam_step_ on each param in turn, as CPUAdam did before adam_step_multi_."""
+    params, grads, ms, vs, maxes, outs, steps = lists
+    for i in range(len(params)):
+        steps[i] += 1
+        k.adam_step_(params[i], grads[i], ms[i], vs[i], maxes[i] if maxes else None, outs[i] if outs else None,
+                     *scalars[:5], int(steps[i]), *scalars[5:], check_finite, 1)
+
+
+def assert_bitwise_equal(got, want):
+    for ts, us in zip(got, want):
+        for t, u in zip(ts, us):
+            assert t.dtype == u.dtype and torch.equal(t.view(-1).view(torch.uint8), u.view(-1).view(torch.uint8))
+
+
+@pytest.mark.parametrize("copies", [False, True], ids=["no_copies", "copies"])
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("name", VARIANTS)
+def test_multi_is_the_per_param_op_bit_for_bit(name, config, copies):
+    scalars, amsgrad = hyper(config)
+    k, start = kernel(name), multi_lists(len(config), amsgrad, copies)
+    want = clone(start)
+    for _ in range(3):
+        per_param(k, want, scalars, scalars[-1] != 1.0)
+    for threads in (1, 2, 3):
+        got = clone(start)
+        for _ in range(3):
+            assert k.adam_step_multi_(*got, *scalars, scalars[-1] != 1.0, threads)
+        assert_bitwise_equal(got, want)
+    assert [float(t) for t in got[-1]] == [float(t) + 3 for t in start[-1]]
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("name", VARIANTS)
+def test_multi_matches_fp64_reference(name, config):
+    scalars, amsgrad = hyper(config)
+    got = multi_lists(7, amsgrad, copies=False)
+    want = [[t.double() for t in ts] for ts in got[:5]]
+    want[4] = want[4] or [None] * len(got[0])
+    gen = torch.Generator().manual_seed(8)
+    for _ in range(STEPS):
+        got[1] = [(torch.randn(g.numel(), generator=gen) * scalars[-1]).to(g.dtype) for g in got[1]]
+        steps = [float(t) + 1 for t in got[6]]
+        assert kernel(name).adam_step_multi_(*got, *scalars, False, 2)
+        assert [float(t) for t in got[6]] == steps
+        for i, (p, g, m, v, vmax) in enumerate(zip(*want)):
+            p, m, v, vmax = reference_step(p, got[1][i].double(), m, v, vmax, steps[i], *scalars)
+            want[0][i], want[2][i], want[3][i], want[4][i] = p.to(got[0][i].dtype).double(), m, v, vmax
+    for i, dtype in enumerate(t.dtype for t in got[0]):
+        check([got[0][i], got[2][i], got[3][i], got[4][i] if amsgrad else None, None],
+              [want[0][i], want[2][i], want[3][i], want[4][i]], dtype)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_multi_many_small_tensors(name):
+    """Hundreds of tensors, so that each thread's range holds many of them."""
+    sizes = [int(x) for x in torch.randint(0, 200, (600,), generator=torch.Generator().manual_seed(3))]
+    scalars, _ = hyper("adamw")
+    start = multi_lists(3, amsgrad=False, copies=True, sizes=sizes)
+    want, got = clone(start), clone(start)
+    per_param(kernel(name), want, scalars, False)
+    assert kernel(name).adam_step_multi_(*got, *scalars, False, 2)
+    assert_bitwise_equal(got, want)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_multi_found_inf_skips_the_whole_step(name):
+    scalars, _ = hyper("grad_scale")
+    for bad in (float("inf"), float("nan")):
+        start = multi_lists(5, amsgrad=True, copies=True)
+        start[1][3][40_000] = bad  # in the big tensor, in the second thread's range
+        got = clone(start)
+        assert kernel(name).adam_step_multi_(*got, *scalars, True, 2) is False
+        assert_bitwise_equal(got, start)  # params, states, copies and steps untouched
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_multi_empty_lists_are_a_no_op(name):
+    assert kernel(name).adam_step_multi_([], [], [], [], [], [], [], *hyper("adam")[0], True, 1)
+
+
+def multi_bad_calls():
+    """name -> (how to spoil the lists, what the message must say)."""
+
+    def put(which, i, t):
+        def spoil(lists):
+            lists[which][i] = t
+
+        return spoil
+
+    return {
+        "grads list too short": (lambda ls: ls[1].pop(), r"grads"),
+        "steps list too long": (lambda ls: ls[6].append(torch.tensor(0.0)), r"steps"),
+        "max_exp_avg_sqs neither empty nor one per param": (lambda ls: ls[4].append(torch.zeros(1)),
+                                                            r"max_exp_avg_sqs"),
+        "integer param": (put(0, 2, torch.zeros(1, dtype=torch.int32)), r"params\[2\]"),
+        "meta param": (put(0, 4, torch.zeros(1023, device="meta")), r"params\[4\]"),
+        "grad shape": (put(1, 3, torch.zeros(70_002)), r"\[3\]"),
+        "sparse grad": (put(1, 0, torch.zeros(17).to_sparse()), r"\[0\]"),
+        "fp64 state": (put(3, 5, torch.zeros(5, dtype=torch.float64)), r"exp_avg_sqs?\[5\]|\[5\].*exp_avg_sq"),
+        "state size": (put(2, 1, torch.zeros(2)), r"\[1\]"),
+        "fp64 step": (put(6, 2, torch.tensor(1.0, dtype=torch.float64)), r"steps\[2\]"),
+        "step on meta": (put(6, 0, torch.tensor(1.0, device="meta")), r"steps\[0\]"),
+        "step of two elements": (put(6, 1, torch.zeros(2)), r"steps\[1\]"),
+        "negative step": (put(6, 3, torch.tensor(-2.0)), r"steps\[3\]"),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(multi_bad_calls()))
+@pytest.mark.parametrize("name", VARIANTS)
+def test_multi_bad_input_is_a_clear_error_and_writes_nothing(name, case):
+    spoil, message = multi_bad_calls()[case]
+    got = multi_lists(9, amsgrad=False, copies=False)
+    spoil(got)
+    before = clone(got)
+    with pytest.raises(RuntimeError, match=f"adam_step_multi_: .*({message})"):
+        kernel(name).adam_step_multi_(*got, *hyper("adamw")[0], False, 2)
+    for ts, us in zip(got, before):  # all checked before anything is written: steps too are as they were
+        for t, u in zip(ts, us):
+            if t.device.type == "cpu" and t.layout == torch.strided:
+                assert torch.equal(t, u)
+
+
+@pytest.mark.parametrize("name", [v for v in VARIANTS if v != "cpu_adam_torch"])
+def test_multi_shared_memory_is_refused_unless_only_read(name):
+    """The C++ variants update the list in parallel: a buffer written for one param may not be
+    any other buffer of the call. (The torch variant goes param by param: sharing is no race.)"""
+    k, scalars = kernel(name), hyper("adamw")[0]
+    flat = torch.zeros(300)
+    lists = multi_lists(4, amsgrad=False, copies=False, sizes=(100, 100, 100))
+    lists[2] = list(flat.split(100))  # views of one buffer that do not overlap: fine
+    lists[1] = [lists[1][0]] * 3  # one grad for all three: only read, fine
+    lists[0] = [p.float() for p in lists[0]]
+    lists[1] = [g.float() for g in lists[1]]
+    assert k.adam_step_multi_(*lists, *scalars, False, 2)
+    for spoil, message in [
+        (lambda ls: ls[3].__setitem__(2, ls[3][0]), r"exp_avg_sqs\[0\] and exp_avg_sqs\[2\] share memory"),
+        (lambda ls: ls[0].__setitem__(1, ls[1][0]), r"grads\[0\] and params\[1\] share memory"),
+        (lambda ls: ls[2].__setitem__(1, flat[50:150]), r"exp_avgs\[\d\] and exp_avgs\[\d\] share memory"),
+        (lambda ls: ls[6].__setitem__(2, ls[6][1]), r"steps\[1\] and steps\[2\] share memory"),
+    ]:
+        bad = [ts[:] for ts in lists]
+        spoil(bad)
+        with pytest.raises(RuntimeError, match=message):
+            k.adam_step_multi_(*bad, *scalars, False, 2)
+
+
 def test_report_lists_the_family(capsys):
     from opforge.cli.main import main
 

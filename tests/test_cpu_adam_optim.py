@@ -164,3 +164,127 @@ def test_bad_input_is_a_clear_error():
     emb(torch.tensor([1, 2])).sum().backward()
     with pytest.raises(RuntimeError, match="sparse gradients: use torch.optim.SparseAdam"):
         opt.step()
+
+
+# --- many params: one kernel call per group (adam_step_multi_)
+
+
+def many_params(seed=0):
+    """50 small params of odd sizes and shapes (one transposed, so not contiguous) and a big one
+    (> 2 threads x 32768 elements: a thread's range spans several params)."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(int(torch.randint(1, 300, (1,), generator=gen)),) for _ in range(48)] + [(7, 9), (1,), (70_001,)]
+    ps = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in shapes]
+    ps[49] = torch.nn.Parameter(torch.randn(9, 7, generator=gen).t())
+    return ps
+
+
+def step_all(params, step, gen, step_index):
+    """Random grads, then step(); every third param skips every other step (no grad), so step
+    counts differ from param to param."""
+    for i, p in enumerate(params):
+        skip = i % 3 == 0 and step_index % 2 == 1
+        p.grad = None if skip else torch.randn(p.shape, generator=gen).to(p.dtype)
+    step()
+
+
+def per_param_reference(kernel, params, state, group, threads):
+    """CPUAdam.step as it was: one adam_step_ call per param."""
+    for p in params:
+        if p.grad is None:
+            continue
+        s = state.setdefault(p, {})
+        if not s:
+            s["step"] = torch.tensor(0.0)
+            s["exp_avg"], s["exp_avg_sq"] = torch.zeros(p.shape), torch.zeros(p.shape)
+        s["step"] += 1
+        target = p.detach().contiguous()
+        kernel.adam_step_(target, p.grad.contiguous(), s["exp_avg"], s["exp_avg_sq"], None, None, group["lr"],
+                          *group["betas"], group["eps"], group["weight_decay"], int(s["step"]), True, True, False, 1.0,
+                          False, threads)
+        with torch.no_grad():
+            p.copy_(target)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_many_params_match_torch_and_the_per_param_kernel(name):
+    ours, theirs, old = many_params(), many_params(), many_params()
+    kw = {"lr": 1e-2, "weight_decay": 0.1}
+    opt, ref = CPUAdam(ours, ext_name=name, **kw), torch.optim.AdamW(theirs, **kw)
+    old_state = {}
+    g1, g2, g3 = (torch.Generator().manual_seed(5) for _ in range(3))
+    for i in range(6):
+        step_all(ours, opt.step, g1, i)
+        step_all(theirs, ref.step, g2, i)
+        step_all(old, lambda: per_param_reference(opt.kernel, old, old_state, opt.param_groups[0],
+                                                  torch.get_num_threads()), g3, i)
+    for a, b, c in zip(ours, theirs, old):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert torch.equal(a, c)  # bit for bit what adam_step_ param by param gives
+        assert opt.state[a]["step"].dtype == torch.float32
+        assert float(opt.state[a]["step"]) == float(ref.state[b]["step"]) == float(old_state[c]["step"])
+        assert torch.equal(opt.state[a]["exp_avg"], old_state[c]["exp_avg"])
+    assert {float(opt.state[p]["step"]) for p in ours} == {3.0, 6.0}
+
+
+def test_states_loaded_in_the_param_dtype_a_step_loaded_as_a_number():
+    """torch's load_state_dict casts the states to the param's dtype (bf16 here); old
+    checkpoints hold the step as a number. Both are converted at the next step."""
+    m = model().to(torch.bfloat16)
+    ref = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    x = torch.randn(4, 13).to(torch.bfloat16)
+    m(x).float().sum().backward()
+    ref.step()
+    opt = CPUAdam(m.parameters(), lr=1e-2)
+    opt.load_state_dict(copy.deepcopy(ref.state_dict()))
+    first = next(m.parameters())
+    assert opt.state[first]["exp_avg"].dtype == torch.bfloat16
+    opt.state[first]["step"] = 1  # as a number
+    opt.step()
+    for p in m.parameters():
+        s = opt.state[p]
+        assert s["exp_avg"].dtype == s["exp_avg_sq"].dtype == torch.float32
+        assert s["step"].dtype == torch.float32 and float(s["step"]) == 2.0
+
+
+def test_amsgrad_switched_on_later():
+    ours, theirs = model(), model()
+    opt = CPUAdam(ours.parameters(), lr=1e-2)
+    ref = torch.optim.AdamW(theirs.parameters(), lr=1e-2, weight_decay=0.0)
+    train(ours, opt, 2)
+    train(theirs, ref, 2)
+    opt.param_groups[0]["amsgrad"] = True
+    for p in theirs.parameters():  # torch.optim wants the state there: it starts at zero, as ours does
+        ref.state[p]["max_exp_avg_sq"] = torch.zeros_like(p)
+    ref.param_groups[0]["amsgrad"] = True
+    train(ours, opt, 3, seed=2)
+    train(theirs, ref, 3, seed=2)
+    assert all(opt.state[p]["max_exp_avg_sq"].dtype == torch.float32 for p in ours.parameters())
+    assert_same_params(ours, theirs)
+
+
+def test_copies_for_some_params_only():
+    m = model()
+    opt = CPUAdam(m.parameters(), lr=1e-2)
+    params = list(m.parameters())
+    copies = [torch.empty_like(p, dtype=torch.bfloat16) if i % 2 else None for i, p in enumerate(params)]
+    m(torch.randn(4, 13)).sum().backward()
+    opt.step(fp16_param_groups=[copies])
+    opt.step(fp16_param_groups=[copies])
+    for p, c in zip(params, copies):
+        assert float(opt.state[p]["step"]) == 2.0
+        if c is not None:
+            assert torch.equal(c, p.detach().to(torch.bfloat16))
+
+
+def test_a_state_that_cannot_be_converted_is_a_clear_error_and_nothing_moves():
+    m = model()
+    opt = CPUAdam(m.parameters(), lr=1e-2)
+    train(m, opt, 1)
+    params = list(m.parameters())
+    opt.state[params[2]]["exp_avg"] = torch.zeros(3)  # the wrong size
+    before = [p.detach().clone() for p in params]
+    with pytest.raises(RuntimeError, match=r"exp_avgs\[2\] must have as many elements as params\[2\]"):
+        train(m, opt, 1)
+    assert all(torch.equal(p, q) for p, q in zip(params, before))
+    assert all(float(opt.state[p]["step"]) == 1.0 for p in params)

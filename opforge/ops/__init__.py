@@ -1,6 +1,6 @@
 """opforge's ops as ``torch.library`` custom ops (``torch.ops.opforge.*``): fake
 implementations for torch.compile, each dispatching to the kernel its loader picked."""
 
-from .adam import adam_step_
+from .adam import adam_step_, adam_step_multi_
 
-__all__ = ["adam_step_"]
+__all__ = ["adam_step_", "adam_step_multi_"]

@@ -10,6 +10,8 @@
   ``fp32_optimizer_states``, ``step(fp16_param_groups=...)``), so it is a drop-in.
 * ``torch.amp.GradScaler``: the step unscales and skips on inf/NaN itself
   (``_step_supports_amp_scaling``), as torch's fused optimizers do.
+* One kernel call per param group (``adam_step_multi_``): the params of a group are
+  updated in one parallel region, each at its own step count.
 """
 
 from __future__ import annotations
@@ -17,6 +19,20 @@ from __future__ import annotations
 import torch
 
 from ..kernels.cpu_adam import CPUAdamLoader
+
+
+def _by_copy(lists: list) -> list:
+    """adam_step_multi_'s lists (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, copies,
+    steps) as one call's, or as two when only some params have a copy (None in fp16_param_groups)."""
+    copies = lists[5]
+    if not any(c is None for c in copies):
+        return [lists]
+    calls = []
+    for with_copy in (True, False):
+        keep = [(c is not None) == with_copy for c in copies]
+        calls.append([[x for x, k in zip(xs, keep) if k] if xs else xs for xs in lists])
+    calls[1][5] = []
+    return calls
 
 
 class CPUAdam(torch.optim.Optimizer):
@@ -79,9 +95,19 @@ class CPUAdam(torch.optim.Optimizer):
                 state[key] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
             elif t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
                 state[key] = t.to(device="cpu", dtype=torch.float32, memory_format=torch.contiguous_format)
-        if not torch.is_tensor(state["step"]):
-            state["step"] = torch.tensor(float(state["step"]), dtype=torch.float32)
+        step = state["step"]  # a number in old checkpoints; fp64 from torch under a fp64 default dtype
+        if not torch.is_tensor(step) or step.dtype != torch.float32 or step.device.type != "cpu":
+            state["step"] = torch.tensor(float(step), dtype=torch.float32)
         return state
+
+    @staticmethod
+    def _check_grad(grad: torch.Tensor) -> None:
+        if grad.is_sparse:
+            raise RuntimeError("CPUAdam does not support sparse gradients: use torch.optim.SparseAdam")
+        if grad.layout != torch.strided:
+            raise RuntimeError(f"CPUAdam needs dense (strided) gradients, got one in {grad.layout}")
+        if grad.device.type != "cpu":
+            raise RuntimeError(f"a gradient is on {grad.device}: CPUAdam needs gradients in CPU memory")
 
     @torch.no_grad()
     def step(self, closure=None, fp16_param_groups=None):
@@ -101,24 +127,65 @@ class CPUAdam(torch.optim.Optimizer):
             copies = fp16_param_groups[gi] if fp16_param_groups is not None else None
             if torch.is_tensor(copies):
                 copies = [copies]
-            beta1, beta2 = group["betas"]
-            for pi, p in enumerate(group["params"]):
-                if p.grad is None:
-                    continue
-                grad = p.grad
-                if grad.is_sparse:
-                    raise RuntimeError("CPUAdam does not support sparse gradients: use torch.optim.SparseAdam")
-                if grad.device.type != "cpu":
-                    raise RuntimeError(f"a gradient is on {grad.device}: CPUAdam needs gradients in CPU memory")
-                state = self._state(p, group["amsgrad"])
-                state["step"] += 1
-                target = p if p.is_contiguous() else p.contiguous()
-                copy = copies[pi] if copies is not None else None
-                self.kernel.adam_step_(target, grad.contiguous(), state["exp_avg"], state["exp_avg_sq"],
-                                       state.get("max_exp_avg_sq") if group["amsgrad"] else None, copy,
-                                       float(group["lr"]), beta1, beta2, group["eps"], group["weight_decay"],
-                                       int(state["step"]), group["adamw_mode"], group["bias_correction"],
-                                       group["maximize"], scale, False, threads)
-                if target is not p:
-                    p.copy_(target)
+            self._step_group(group, copies, scale, threads)
         return loss
+
+    def _step_group(self, group: dict, copies, scale: float, threads: int) -> None:
+        """The params of the group that have a grad, in one kernel call."""
+        strided = self._steady_step(group, copies, scale, threads)
+        if strided is None:  # refused: check the grads, convert the states, and call it again
+            lists, strided = self._lists(group, copies, prepare=True)
+            for call in _by_copy(lists):  # two calls when only some params have a copy
+                self._kernel_step(group, call, scale, threads)
+        for p, target in strided:  # non-contiguous params were updated in a contiguous copy
+            p.copy_(target)
+
+    def _steady_step(self, group: dict, copies, scale: float, threads: int) -> list | None:
+        """The kernel checks every tensor before it writes any, so the steady state hands it the
+        states as they are. None when it refused (nothing written): a state loaded in another
+        dtype or layout, a step loaded as a number, a bad grad, copies for only some params."""
+        try:
+            lists, strided = self._lists(group, copies, prepare=False)
+            self._kernel_step(group, lists, scale, threads)
+        except RuntimeError:
+            return None
+        return strided
+
+    def _lists(self, group: dict, copies, prepare: bool) -> tuple[list, list]:
+        """adam_step_multi_'s lists for the params of the group that have a grad, and the
+        non-contiguous params with the contiguous copy of each that the lists hold.
+        ``prepare``: check each grad and bring each state to the kernel's form (fp32, contiguous,
+        a fp32 step tensor); otherwise only states that are missing are made."""
+        amsgrad = group["amsgrad"]
+        lists = [[] for _ in range(7)]
+        params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, outs, steps = lists
+        strided = []
+        states = self.state
+        for pi, p in enumerate(group["params"]):
+            grad = p.grad
+            if grad is None:
+                continue
+            if prepare:
+                self._check_grad(grad)
+            state = states.get(p)
+            if prepare or not state or (amsgrad and "max_exp_avg_sq" not in state):
+                state = self._state(p, amsgrad)
+            if not p.is_contiguous():
+                strided.append((p, p.contiguous()))
+                p = strided[-1][1]
+            params.append(p)
+            grads.append(grad if grad.is_contiguous() else grad.contiguous())
+            exp_avgs.append(state["exp_avg"])
+            exp_avg_sqs.append(state["exp_avg_sq"])
+            steps.append(state["step"])
+            if amsgrad:
+                max_exp_avg_sqs.append(state["max_exp_avg_sq"])
+            if copies is not None:
+                outs.append(copies[pi])
+        return lists, strided
+
+    def _kernel_step(self, group: dict, lists: list, scale: float, threads: int) -> None:
+        if lists[0]:
+            self.kernel.adam_step_multi_(*lists, float(group["lr"]), *group["betas"], group["eps"],
+                                         group["weight_decay"], group["adamw_mode"], group["bias_correction"],
+                                         group["maximize"], scale, False, threads)

@@ -86,5 +86,47 @@ def adam_step_(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, param_copy, lr,
     return True
 
 
+def _check_lengths(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, param_copies, steps):
+    n = len(params)
+    for name, got, optional in (("grads", grads, False), ("exp_avgs", exp_avgs, False),
+                                ("exp_avg_sqs", exp_avg_sqs, False), ("steps", steps, False),
+                                ("max_exp_avg_sqs", max_exp_avg_sqs, True), ("param_copies", param_copies, True)):
+        if len(got) != n and not (optional and not got):
+            raise RuntimeError(f"adam_step_multi_: {name} must have one tensor per param ({n} params)"
+                               f"{' or be empty' if optional else ''}, got {len(got)}")
+
+
+def _check_step(i, t):
+    if not (torch.is_tensor(t) and t.device.type == "cpu" and t.dtype == torch.float32 and t.numel() == 1):
+        raise RuntimeError(f"adam_step_multi_: steps[{i}] must be a one-element float32 CPU tensor "
+                           f"(torch.optim.Adam's state[\"step\"]), got {t!r}")
+    if not float(t) >= 0:
+        raise RuntimeError(f"adam_step_multi_: steps[{i}] must hold the number of steps taken (>= 0), got {float(t)}")
+
+
+def adam_step_multi_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, param_copies, steps, lr, beta1, beta2,
+                     eps, weight_decay, adamw, bias_correction, maximize, grad_scale, check_finite,
+                     num_threads) -> bool:
+    """``adam_step_`` on each param of the lists, each at its own step (``steps[i]`` + 1,
+    written back). Everything is checked first; with ``check_finite``, an inf/NaN in any grad
+    skips the whole step (steps included) and returns False."""
+    _check_lengths(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, param_copies, steps)
+    vmaxs = max_exp_avg_sqs or [None] * len(params)
+    copies = param_copies or [None] * len(params)
+    for i, args in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, vmaxs, copies)):
+        _check_step(i, steps[i])
+        try:
+            _check(*args, float(steps[i]) + 1, lr, beta1, beta2, eps, weight_decay, grad_scale)
+        except RuntimeError as e:
+            raise RuntimeError(f"adam_step_multi_: params[{i}]: {e}") from None
+    if check_finite and not all(bool(torch.isfinite(g).all()) for g in grads):
+        return False
+    for args, step in zip(zip(params, grads, exp_avgs, exp_avg_sqs, vmaxs, copies), steps):
+        step.add_(1)
+        adam_step_(*args, lr, beta1, beta2, eps, weight_decay, float(step), adamw, bias_correction, maximize,
+                   grad_scale, False, num_threads)
+    return True
+
+
 def simd_width() -> int:
     return 0

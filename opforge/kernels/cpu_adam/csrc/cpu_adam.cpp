@@ -1,5 +1,5 @@
-// opforge CPU Adam/AdamW (ZeRO-Offload style): one fused, in-place step over a
-// parameter, its gradient and its fp32 optimizer states.
+// opforge CPU Adam/AdamW (ZeRO-Offload style): one fused, in-place step over
+// parameters, their gradients and their fp32 optimizer states.
 //
 // Only LibTorch stable-ABI headers are used; the file is meant to be compiled
 // with -DTORCH_TARGET_VERSION=0x020a000000000000 (torch 2.10 API), -O3,
@@ -16,6 +16,18 @@
 //              bool check_finite, int num_threads) -> bool
 //     amsgrad is on when max_exp_avg_sq is given. Returns false, touching
 //     nothing, when check_finite is set and a grad element is inf or NaN.
+//   adam_step_multi_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs,
+//              Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] max_exp_avg_sqs,
+//              Tensor(e!)[] param_copies, Tensor(f!)[] steps, float lr,
+//              float beta1, float beta2, float eps, float weight_decay,
+//              bool adamw, bool bias_correction, bool maximize,
+//              float grad_scale, bool check_finite, int num_threads) -> bool
+//     adam_step_ on every param of the lists, in one parallel region.
+//     max_exp_avg_sqs and param_copies are empty (none) or one per param.
+//     steps[i] is param i's torch.optim.Adam state["step"] (a one-element fp32
+//     tensor): it is incremented, and its new value is that param's step.
+//     Everything is checked before anything is written; with check_finite, an
+//     inf/NaN in any grad returns false and touches nothing (steps included).
 //   simd_width() -> int    floats per vector of the ISA this TU was built for
 
 #include <torch/csrc/stable/library.h>
@@ -28,10 +40,14 @@
 #include "opforge_stable.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <ostream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -49,6 +65,7 @@ using opforge_stable::device_name;
 using opforge_stable::shape_str;
 
 using opforge_adam::DType;
+using opforge_adam::elem_size;
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
@@ -74,62 +91,210 @@ const char* dtype_name(ScalarType t) {
   return torch::headeronly::toString(t);
 }
 
+// ---------------------------------------------------------------------------
+// Names in messages: "adam_step_: exp_avg ..." or "adam_step_multi_: exp_avgs[3] ...".
+
+enum Role { kParam, kGrad, kExpAvg, kExpAvgSq, kMaxExpAvgSq, kParamCopy, kStep };
+
+struct Name {
+  Role role;
+  int64_t index;  // the entry of adam_step_multi_'s lists; -1 for adam_step_
+};
+
+std::ostream& operator<<(std::ostream& os, const Name& n) {
+  static const char* const single[] = {"param", "grad", "exp_avg", "exp_avg_sq",
+                                       "max_exp_avg_sq", "param_copy", "step"};
+  static const char* const list[] = {"params", "grads", "exp_avgs", "exp_avg_sqs",
+                                     "max_exp_avg_sqs", "param_copies", "steps"};
+  if (n.index < 0) return os << single[n.role];
+  return os << list[n.role] << '[' << n.index << ']';
+}
+
+// The op doing the checking (every message starts with its name) and the param it checks.
+struct Where {
+  const char* op;
+  int64_t index;  // -1: adam_step_'s single param
+  Name operator()(Role r) const { return {r, index}; }
+};
+
+// ---------------------------------------------------------------------------
+// Per-tensor checks. Each tensor's dtype, size and data pointer are read once:
+// through the stable ABI every query is a call into libtorch.
+
+// A checked tensor's data.
+struct Buf {
+  char* data;
+  int64_t numel;
+  DType dtype;
+  uintptr_t begin() const { return reinterpret_cast<uintptr_t>(data); }
+  uintptr_t end() const { return begin() + static_cast<uintptr_t>(numel) * elem_size(dtype); }
+};
+
 // CPU, dense, and (when want_contiguous) contiguous. Says what it got.
-void check_tensor(const Tensor& t, const char* name, bool want_contiguous = true) {
-  STD_TORCH_CHECK(t.is_cpu(), "adam_step_: ", name, " must be a CPU tensor, got ",
-                  device_name(t));
-  STD_TORCH_CHECK(t.layout() == torch::headeronly::Layout::Strided, "adam_step_: ", name,
+void check_tensor(const Tensor& t, Where w, Role r, bool want_contiguous = true) {
+  STD_TORCH_CHECK(t.is_cpu(), w.op, ": ", w(r), " must be a CPU tensor, got ", device_name(t));
+  STD_TORCH_CHECK(t.layout() == torch::headeronly::Layout::Strided, w.op, ": ", w(r),
                   " must be a dense (strided) tensor, got ", layout_name(t.layout()));
   if (want_contiguous) {
-    STD_TORCH_CHECK(t.is_contiguous(), "adam_step_: ", name,
+    STD_TORCH_CHECK(t.is_contiguous(), w.op, ": ", w(r),
                     " must be contiguous; call .contiguous() on it first (the update is in place)");
   }
 }
 
-// The core's dtype for a float32/bfloat16/float16 tensor; an error otherwise.
-DType core_dtype(const Tensor& t, const char* name) {
-  const ScalarType s = t.scalar_type();
+// The core's dtype for float32/bfloat16/float16; an error otherwise.
+DType core_dtype(ScalarType s, Where w, Role r) {
   switch (s) {
     case ScalarType::Float: return DType::F32;
     case ScalarType::BFloat16: return DType::BF16;
     case ScalarType::Half: return DType::F16;
     default: break;
   }
-  STD_TORCH_CHECK(false, "adam_step_: ", name,
-                  " must be float32, bfloat16 or float16, got ", dtype_name(s));
+  STD_TORCH_CHECK(false, w.op, ": ", w(r), " must be float32, bfloat16 or float16, got ",
+                  dtype_name(s));
   return DType::F32;  // unreachable
 }
 
-void check_state(const Tensor& t, const char* name, int64_t numel) {
-  check_tensor(t, name);
-  STD_TORCH_CHECK(t.scalar_type() == ScalarType::Float, "adam_step_: ", name,
-                  " must be float32 (optimizer states are kept in fp32), got ",
-                  dtype_name(t.scalar_type()));
-  STD_TORCH_CHECK(t.numel() == numel, "adam_step_: ", name, " must have as many elements as param (",
-                  numel, "), got ", t.numel());
+void check_numel(const Buf& b, Where w, Role r, int64_t numel) {
+  STD_TORCH_CHECK(b.numel == numel, w.op, ": ", w(r), " must have as many elements as ",
+                  w(kParam), " (", numel, "), got ", b.numel);
 }
 
-// Byte range [begin, end) of a contiguous tensor's data.
+// A param, grad or param copy: float32, bfloat16 or float16.
+Buf value_buf(const Tensor& t, Where w, Role r) {
+  check_tensor(t, w, r);
+  const DType d = core_dtype(t.scalar_type(), w, r);
+  return {static_cast<char*>(t.data_ptr()), t.numel(), d};
+}
+
+// An optimizer state: float32, one element per param element.
+Buf state_buf(const Tensor& t, Where w, Role r, int64_t numel) {
+  check_tensor(t, w, r);
+  const ScalarType s = t.scalar_type();
+  STD_TORCH_CHECK(s == ScalarType::Float, w.op, ": ", w(r),
+                  " must be float32 (optimizer states are kept in fp32), got ", dtype_name(s));
+  const Buf b{static_cast<char*>(t.data_ptr()), t.numel(), DType::F32};
+  check_numel(b, w, r, numel);
+  return b;
+}
+
+void check_same_shape(const Tensor& param, const Tensor& grad, Where w) {
+  const auto ps = param.sizes(), gs = grad.sizes();
+  bool same = ps.size() == gs.size();
+  for (size_t d = 0; same && d < ps.size(); ++d) same = ps[d] == gs[d];
+  STD_TORCH_CHECK(same, w.op, ": ", w(kGrad), " must have the same shape as ", w(kParam), ", got ",
+                  w(kParam), " ", shape_str(ps), " and ", w(kGrad), " ", shape_str(gs));
+}
+
+// ---------------------------------------------------------------------------
+// No buffer the step writes may share memory with another buffer of the call
+// (grads may share with grads: they are only read).
+
 struct Span {
-  const char* name;
+  Name name;
+  int order;  // when it was added: a message names two clashing spans in the op's order
+  bool written;
   uintptr_t begin, end;
 };
 
-Span span_of(const Tensor& t, const char* name) {
-  const auto b = reinterpret_cast<uintptr_t>(t.data_ptr());
-  return {name, b, b + static_cast<uintptr_t>(t.numel()) * t.element_size()};
+void add_span(std::vector<Span>& s, const Buf& b, Name name, bool written) {
+  if (b.numel > 0) s.push_back({name, static_cast<int>(s.size()), written, b.begin(), b.end()});
 }
 
-// The step's buffers are read and written chunk by chunk: none may overlap another.
-void check_no_overlap(const Span* s, int count) {
-  for (int i = 0; i < count; ++i) {
-    for (int j = i + 1; j < count; ++j) {
-      const bool overlap = s[i].begin < s[j].end && s[j].begin < s[i].end;
-      STD_TORCH_CHECK(!overlap, "adam_step_: ", s[i].name, " and ", s[j].name,
+// Sorted by address, a span clashes with an earlier one iff it starts before the
+// end of the furthest-reaching earlier span it may not share with: any span if it
+// is written, the written ones if it is only read.
+void check_no_overlap(const char* op, std::vector<Span>& s) {
+  std::sort(s.begin(), s.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  const Span *reach = nullptr, *wreach = nullptr;
+  for (const Span& x : s) {
+    const Span* y = x.written ? reach : wreach;
+    if (y && x.begin < y->end) {
+      const bool y_first = y->order < x.order;
+      STD_TORCH_CHECK(false, op, ": ", (y_first ? y : &x)->name, " and ", (y_first ? &x : y)->name,
                       " share memory; each must be its own tensor");
     }
+    if (!reach || x.end > reach->end) reach = &x;
+    if (x.written && (!wreach || x.end > wreach->end)) wreach = &x;
   }
 }
+
+// ---------------------------------------------------------------------------
+// The scalars, and one param's step.
+
+struct Scalars {
+  double lr, beta1, beta2, eps, weight_decay;
+  bool adamw, bias_correction, maximize;
+  double grad_scale;
+};
+
+void check_scalars(const char* op, const Scalars& s, int64_t num_threads) {
+  STD_TORCH_CHECK(s.lr >= 0.0, op, ": lr must be >= 0, got ", s.lr);
+  STD_TORCH_CHECK(s.eps >= 0.0, op, ": eps must be >= 0, got ", s.eps);
+  STD_TORCH_CHECK(s.beta1 >= 0.0 && s.beta1 < 1.0, op, ": beta1 must be in [0, 1), got ", s.beta1);
+  STD_TORCH_CHECK(s.beta2 >= 0.0 && s.beta2 < 1.0, op, ": beta2 must be in [0, 1), got ", s.beta2);
+  STD_TORCH_CHECK(s.weight_decay >= 0.0, op, ": weight_decay must be >= 0, got ", s.weight_decay);
+  STD_TORCH_CHECK(s.grad_scale > 0.0 && std::isfinite(s.grad_scale), op,
+                  ": grad_scale must be a finite number > 0 (1 for none), got ", s.grad_scale);
+  STD_TORCH_CHECK(num_threads >= 1, op, ": num_threads must be >= 1, got ", num_threads);
+}
+
+// The hyper-parameters of a param at step t: bias corrections in double, then float.
+opforge_adam::Hyper make_hyper(const Scalars& s, double t, bool amsgrad) {
+  opforge_adam::Hyper h{};
+  h.lr = static_cast<float>(s.lr);
+  h.beta1 = static_cast<float>(s.beta1);
+  h.beta2 = static_cast<float>(s.beta2);
+  h.eps = static_cast<float>(s.eps);
+  h.weight_decay = static_cast<float>(s.weight_decay);
+  h.one_minus_beta1 = static_cast<float>(1.0 - s.beta1);
+  h.one_minus_beta2 = static_cast<float>(1.0 - s.beta2);
+  double step_size = s.lr, bc2_sqrt_inv = 1.0;
+  if (s.bias_correction) {
+    step_size = s.lr / (1.0 - std::pow(s.beta1, t));
+    bc2_sqrt_inv = 1.0 / std::sqrt(1.0 - std::pow(s.beta2, t));
+  }
+  h.step_size = static_cast<float>(step_size);
+  h.bc2_sqrt_inv = static_cast<float>(bc2_sqrt_inv);
+  h.grad_mul = static_cast<float>(1.0 / s.grad_scale);
+  h.adamw = s.adamw;
+  h.maximize = s.maximize;
+  h.amsgrad = amsgrad;
+  return h;
+}
+
+// One param's step: its buffers, checked, and its hyper-parameters (set once its step is known).
+struct Job {
+  Buf p, g, m, v, vmax, copy;  // vmax, copy: data null when not given
+  opforge_adam::Hyper h;
+};
+
+// Checks one param's tensors; their spans go to `spans`, for check_no_overlap.
+Job check_job(Where w, const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+              const Tensor& exp_avg_sq, const Tensor* max_exp_avg_sq, const Tensor* param_copy,
+              std::vector<Span>& spans) {
+  Job j{};
+  j.p = value_buf(param, w, kParam);
+  j.g = value_buf(grad, w, kGrad);
+  check_same_shape(param, grad, w);
+  const int64_t n = j.p.numel;
+  j.m = state_buf(exp_avg, w, kExpAvg, n);
+  j.v = state_buf(exp_avg_sq, w, kExpAvgSq, n);
+  if (max_exp_avg_sq) j.vmax = state_buf(*max_exp_avg_sq, w, kMaxExpAvgSq, n);
+  if (param_copy) {
+    j.copy = value_buf(*param_copy, w, kParamCopy);
+    check_numel(j.copy, w, kParamCopy, n);
+  }
+  add_span(spans, j.p, w(kParam), true);
+  add_span(spans, j.g, w(kGrad), false);
+  add_span(spans, j.m, w(kExpAvg), true);
+  add_span(spans, j.v, w(kExpAvgSq), true);
+  if (max_exp_avg_sq) add_span(spans, j.vmax, w(kMaxExpAvgSq), true);
+  if (param_copy) add_span(spans, j.copy, w(kParamCopy), true);
+  return j;
+}
+
+// ---------------------------------------------------------------------------
+// The work split.
 
 // Runs fn(begin, end) over [0, n) split in kAlign-aligned chunks, one per thread.
 template <class Fn>
@@ -153,109 +318,147 @@ void parallel_chunks(int64_t n, int64_t num_threads, Fn fn) {
   fn(0, n);
 }
 
-bool grads_finite(int64_t n, const void* grad, DType gd, int64_t num_threads) {
-  const int esize = gd == DType::F32 ? 4 : 2;
-  const char* base = static_cast<const char*>(grad);
-  int bad = 0;
-  const int64_t want = (n + kMinPerThread - 1) / kMinPerThread;
-  const int nt = static_cast<int>(std::max<int64_t>(1, std::min(num_threads, want)));
-  const int64_t chunk = ((n + nt - 1) / nt + kAlign - 1) / kAlign * kAlign;
-  const int64_t nchunks = (n + chunk - 1) / chunk;
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(nt) reduction(| : bad) schedule(static) if (nt > 1)
-#endif
-  for (int64_t c = 0; c < nchunks; ++c) {
-    const int64_t b = c * chunk, e = std::min(n, b + chunk);
-    bad |= !opforge_adam::all_finite(e - b, base + b * esize, gd);
-  }
-  return bad == 0;
+int64_t round_up(int64_t n) {
+  return (n + kAlign - 1) / kAlign * kAlign;
 }
+
+// The params of a step laid end to end in one index space, each starting on a
+// kAlign boundary: param i is [off[i], off[i] + n_i). A chunk boundary is then
+// aligned within its tensor too, and each tensor weighs at least kAlign elements
+// (a piece has a cost of its own).
+struct Plan {
+  std::vector<Job> jobs;
+  std::vector<int64_t> off;  // jobs.size() + 1 entries
+
+  explicit Plan(std::vector<Job> js) : jobs(std::move(js)), off(jobs.size() + 1, 0) {
+    for (size_t i = 0; i < jobs.size(); ++i) off[i + 1] = off[i] + round_up(jobs[i].p.numel);
+  }
+
+  // fn(job, begin, end) on each param's part of [b, e) (begin, end: elements of that param).
+  template <class Fn>
+  void pieces(int64_t b, int64_t e, Fn& fn) const {
+    size_t i = std::upper_bound(off.begin(), off.end(), b) - off.begin() - 1;
+    for (; i < jobs.size() && off[i] < e; ++i) {
+      const int64_t lb = std::max(b, off[i]) - off[i], le = std::min(e - off[i], jobs[i].p.numel);
+      if (lb < le) fn(jobs[i], lb, le);
+    }
+  }
+
+  // fn(job, begin, end) over every element of every param, in one parallel region.
+  template <class Fn>
+  void parallel(int64_t num_threads, Fn fn) const {
+    parallel_chunks(off.back(), num_threads, [&](int64_t b, int64_t e) { pieces(b, e, fn); });
+  }
+};
+
+bool grads_finite(const Plan& plan, int64_t num_threads) {
+  std::atomic<bool> bad{false};
+  plan.parallel(num_threads, [&](const Job& j, int64_t b, int64_t e) {
+    const Buf& g = j.g;
+    if (!bad.load(std::memory_order_relaxed) &&
+        !opforge_adam::all_finite(e - b, g.data + b * elem_size(g.dtype), g.dtype)) {
+      bad.store(true, std::memory_order_relaxed);
+    }
+  });
+  return !bad.load();
+}
+
+void update(const Plan& plan, int64_t num_threads) {
+  plan.parallel(num_threads, [](const Job& j, int64_t b, int64_t e) {
+    const auto at = [b](const Buf& x) { return x.data ? x.data + b * elem_size(x.dtype) : nullptr; };
+    opforge_adam::adam_update(e - b, at(j.p), j.p.dtype, at(j.g), j.g.dtype,
+                              reinterpret_cast<float*>(at(j.m)), reinterpret_cast<float*>(at(j.v)),
+                              reinterpret_cast<float*>(at(j.vmax)), at(j.copy), j.copy.dtype, j.h);
+  });
+}
+
+// ---------------------------------------------------------------------------
+// The ops.
 
 bool adam_step_(Tensor param, Tensor grad, Tensor exp_avg, Tensor exp_avg_sq,
                 std::optional<Tensor> max_exp_avg_sq, std::optional<Tensor> param_copy,
                 double lr, double beta1, double beta2, double eps, double weight_decay,
                 int64_t step, bool adamw, bool bias_correction, bool maximize,
                 double grad_scale, bool check_finite, int64_t num_threads) {
-  // --- scalars
-  STD_TORCH_CHECK(step >= 1, "adam_step_: step must be >= 1 (the first step is 1), got ", step);
-  STD_TORCH_CHECK(lr >= 0.0, "adam_step_: lr must be >= 0, got ", lr);
-  STD_TORCH_CHECK(eps >= 0.0, "adam_step_: eps must be >= 0, got ", eps);
-  STD_TORCH_CHECK(beta1 >= 0.0 && beta1 < 1.0, "adam_step_: beta1 must be in [0, 1), got ", beta1);
-  STD_TORCH_CHECK(beta2 >= 0.0 && beta2 < 1.0, "adam_step_: beta2 must be in [0, 1), got ", beta2);
-  STD_TORCH_CHECK(weight_decay >= 0.0, "adam_step_: weight_decay must be >= 0, got ", weight_decay);
-  STD_TORCH_CHECK(grad_scale > 0.0 && std::isfinite(grad_scale),
-                  "adam_step_: grad_scale must be a finite number > 0 (1 for none), got ", grad_scale);
-  STD_TORCH_CHECK(num_threads >= 1, "adam_step_: num_threads must be >= 1, got ", num_threads);
+  const char* op = "adam_step_";
+  const Scalars s{lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, maximize, grad_scale};
+  STD_TORCH_CHECK(step >= 1, op, ": step must be >= 1 (the first step is 1), got ", step);
+  check_scalars(op, s, num_threads);
+  const Tensor* vmax = max_exp_avg_sq ? &*max_exp_avg_sq : nullptr;
+  const Tensor* copy = param_copy ? &*param_copy : nullptr;
+  std::vector<Span> spans;
+  Job job = check_job({op, -1}, param, grad, exp_avg, exp_avg_sq, vmax, copy, spans);
+  check_no_overlap(op, spans);
+  job.h = make_hyper(s, static_cast<double>(step), vmax != nullptr);
+  const Plan plan({job});
+  if (check_finite && !grads_finite(plan, num_threads)) return false;
+  update(plan, num_threads);
+  return true;
+}
 
-  // --- tensors
-  check_tensor(param, "param");
-  const DType pd = core_dtype(param, "param");
-  check_tensor(grad, "grad");
-  const DType gd = core_dtype(grad, "grad");
-  const auto ps = param.sizes(), gs = grad.sizes();
-  bool same = ps.size() == gs.size();
-  for (size_t d = 0; same && d < ps.size(); ++d) same = ps[d] == gs[d];
-  STD_TORCH_CHECK(same, "adam_step_: grad must have the same shape as param, got param ",
-                  shape_str(ps), " and grad ", shape_str(gs));
-  const int64_t n = param.numel();
-  check_state(exp_avg, "exp_avg", n);
-  check_state(exp_avg_sq, "exp_avg_sq", n);
-  const bool amsgrad = max_exp_avg_sq.has_value();
-  if (amsgrad) check_state(*max_exp_avg_sq, "max_exp_avg_sq", n);
-  DType cd = DType::F32;
-  if (param_copy.has_value()) {
-    check_tensor(*param_copy, "param_copy");
-    cd = core_dtype(*param_copy, "param_copy");
-    STD_TORCH_CHECK(param_copy->numel() == n, "adam_step_: param_copy must have as many elements as param (",
-                    n, "), got ", param_copy->numel());
+void check_lengths(const char* op, size_t n, const std::vector<std::pair<const char*, size_t>>& needed,
+                   const std::vector<std::pair<const char*, size_t>>& optional) {
+  for (const auto& [name, got] : needed) {
+    STD_TORCH_CHECK(got == n, op, ": ", name, " must have one tensor per param (", n,
+                    " params), got ", got);
   }
-  if (n == 0) return true;
-
-  Span spans[6] = {span_of(param, "param"), span_of(grad, "grad"), span_of(exp_avg, "exp_avg"),
-                   span_of(exp_avg_sq, "exp_avg_sq")};
-  int nspans = 4;
-  if (amsgrad) spans[nspans++] = span_of(*max_exp_avg_sq, "max_exp_avg_sq");
-  if (param_copy.has_value()) spans[nspans++] = span_of(*param_copy, "param_copy");
-  check_no_overlap(spans, nspans);
-
-  const void* g = grad.const_data_ptr();
-  if (check_finite && !grads_finite(n, g, gd, num_threads)) return false;
-
-  // --- hyper-parameters: bias corrections in double, then float
-  opforge_adam::Hyper h{};
-  h.lr = static_cast<float>(lr);
-  h.beta1 = static_cast<float>(beta1);
-  h.beta2 = static_cast<float>(beta2);
-  h.eps = static_cast<float>(eps);
-  h.weight_decay = static_cast<float>(weight_decay);
-  h.one_minus_beta1 = static_cast<float>(1.0 - beta1);
-  h.one_minus_beta2 = static_cast<float>(1.0 - beta2);
-  double step_size = lr, bc2_sqrt_inv = 1.0;
-  if (bias_correction) {
-    const double t = static_cast<double>(step);
-    step_size = lr / (1.0 - std::pow(beta1, t));
-    bc2_sqrt_inv = 1.0 / std::sqrt(1.0 - std::pow(beta2, t));
+  for (const auto& [name, got] : optional) {
+    STD_TORCH_CHECK(got == 0 || got == n, op, ": ", name,
+                    " must be empty or have one tensor per param (", n, " params), got ", got);
   }
-  h.step_size = static_cast<float>(step_size);
-  h.bc2_sqrt_inv = static_cast<float>(bc2_sqrt_inv);
-  h.grad_mul = static_cast<float>(1.0 / grad_scale);
-  h.adamw = adamw;
-  h.maximize = maximize;
-  h.amsgrad = amsgrad;
+}
 
-  char* p = static_cast<char*>(param.mutable_data_ptr());
-  float* m = static_cast<float*>(exp_avg.mutable_data_ptr());
-  float* v = static_cast<float*>(exp_avg_sq.mutable_data_ptr());
-  float* vmax = amsgrad ? static_cast<float*>(max_exp_avg_sq->mutable_data_ptr()) : nullptr;
-  char* copy = param_copy.has_value() ? static_cast<char*>(param_copy->mutable_data_ptr()) : nullptr;
-  const int psz = pd == DType::F32 ? 4 : 2, gsz = gd == DType::F32 ? 4 : 2,
-            csz = cd == DType::F32 ? 4 : 2;
-  const char* gc = static_cast<const char*>(g);
+// torch.optim.Adam's state["step"]: a one-element fp32 CPU tensor, the steps taken so far.
+float* check_step(const Tensor& t, Where w, std::vector<Span>& spans) {
+  check_tensor(t, w, kStep, false);
+  const ScalarType s = t.scalar_type();
+  const int64_t n = t.numel();
+  STD_TORCH_CHECK(s == ScalarType::Float && n == 1, w.op, ": ", w(kStep),
+                  " must be a one-element float32 tensor (torch.optim.Adam's state[\"step\"]), got ",
+                  dtype_name(s), " with ", n, " elements");
+  const Buf b{static_cast<char*>(t.data_ptr()), 1, DType::F32};
+  const float taken = *reinterpret_cast<float*>(b.data);
+  STD_TORCH_CHECK(taken >= 0.0f, w.op, ": ", w(kStep),
+                  " must hold the number of steps taken so far (>= 0), got ", taken);
+  add_span(spans, b, w(kStep), true);
+  return reinterpret_cast<float*>(b.data);
+}
 
-  parallel_chunks(n, num_threads, [&](int64_t b, int64_t e) {
-    opforge_adam::adam_update(e - b, p + b * psz, pd, gc + b * gsz, gd, m + b, v + b,
-                              vmax ? vmax + b : nullptr, copy ? copy + b * csz : nullptr, cd, h);
-  });
+bool adam_step_multi_(std::vector<Tensor> params, std::vector<Tensor> grads,
+                      std::vector<Tensor> exp_avgs, std::vector<Tensor> exp_avg_sqs,
+                      std::vector<Tensor> max_exp_avg_sqs, std::vector<Tensor> param_copies,
+                      std::vector<Tensor> steps, double lr, double beta1, double beta2, double eps,
+                      double weight_decay, bool adamw, bool bias_correction, bool maximize,
+                      double grad_scale, bool check_finite, int64_t num_threads) {
+  const char* op = "adam_step_multi_";
+  const Scalars s{lr, beta1, beta2, eps, weight_decay, adamw, bias_correction, maximize, grad_scale};
+  check_scalars(op, s, num_threads);
+  const size_t n = params.size();
+  check_lengths(op, n,
+                {{"grads", grads.size()}, {"exp_avgs", exp_avgs.size()},
+                 {"exp_avg_sqs", exp_avg_sqs.size()}, {"steps", steps.size()}},
+                {{"max_exp_avg_sqs", max_exp_avg_sqs.size()}, {"param_copies", param_copies.size()}});
+  const bool amsgrad = !max_exp_avg_sqs.empty();
+  std::vector<Span> spans;
+  spans.reserve(7 * n);
+  std::vector<Job> jobs(n);
+  std::vector<float*> taken(n);
+  for (size_t i = 0; i < n; ++i) {
+    const Where w{op, static_cast<int64_t>(i)};
+    jobs[i] = check_job(w, params[i], grads[i], exp_avgs[i], exp_avg_sqs[i],
+                        amsgrad ? &max_exp_avg_sqs[i] : nullptr,
+                        param_copies.empty() ? nullptr : &param_copies[i], spans);
+    taken[i] = check_step(steps[i], w, spans);
+  }
+  check_no_overlap(op, spans);
+  for (size_t i = 0; i < n; ++i) {  // the step is the count after this one, as torch's `step += 1`
+    const bool as_before = i > 0 && *taken[i] == *taken[i - 1];
+    jobs[i].h = as_before ? jobs[i - 1].h : make_hyper(s, static_cast<double>(*taken[i] + 1.0f), amsgrad);
+  }
+  const Plan plan(std::move(jobs));
+  if (check_finite && !grads_finite(plan, num_threads)) return false;
+  for (float* t : taken) *t += 1.0f;
+  update(plan, num_threads);
   return true;
 }
 
@@ -271,10 +474,17 @@ OPFORGE_LIBRARY(OPFORGE_NS, m) {
       "Tensor(d!)? max_exp_avg_sq, Tensor(e!)? param_copy, float lr, float beta1, float beta2, "
       "float eps, float weight_decay, int step, bool adamw, bool bias_correction, bool maximize, "
       "float grad_scale, bool check_finite, int num_threads) -> bool");
+  m.def(
+      "adam_step_multi_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+      "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] param_copies, "
+      "Tensor(f!)[] steps, float lr, float beta1, float beta2, float eps, float weight_decay, "
+      "bool adamw, bool bias_correction, bool maximize, float grad_scale, bool check_finite, "
+      "int num_threads) -> bool");
   m.def("simd_width() -> int");
 }
 
 OPFORGE_LIBRARY_IMPL(OPFORGE_NS, CompositeExplicitAutograd, m) {
   m.impl("adam_step_", TORCH_BOX(&adam_step_));
+  m.impl("adam_step_multi_", TORCH_BOX(&adam_step_multi_));
   m.impl("simd_width", TORCH_BOX(&simd_width));
 }
