@@ -23,6 +23,15 @@ How it measures (one process, on torch.get_num_threads() threads):
   (plus the write-allocate read of a, which ordinary stores really cost) is shown beside it. Also
   reported: a triad on >= 4x the last-level cache (DRAM), and one with non-temporal stores.
 * Ratios are the other's median time / this one's: > 1 means faster than torch fused / DeepSpeed.
+
+The profile (``--sweep 100M``): one size, thread counts 1, 2, 4, ... up to the CPU count. At each,
+the triad, Adam's memory-traffic floor (``adam_traffic`` in bench/triad/triad.cpp: p += g, m += g,
+v += g, i.e. Adam's reads and writes, 28 B/element, with next to no arithmetic), torch fused,
+DeepSpeed and opforge's kernel. An Adam step can't beat the floor on the same machine; where
+opforge sits near it, the rest of the gap to a target is the memory system, not the kernel.
+Huge pages: torch's CPU allocator asks for them when ``THP_MEM_ALLOC_ENABLE=1``; the machine line
+says what the kernel's THP setting and that variable were, and how much of the process's
+anonymous memory was on huge pages.
 """
 from __future__ import annotations
 
@@ -95,6 +104,13 @@ def triad(ops, total_bytes: int, warmup: int, steps: int, streaming: bool = Fals
     return {"n": n, "mbytes": 12 * n / 1e6, "gbs12": 12 * n / med / 1e9, "gbs16": 16 * n / med / 1e9, **res}
 
 
+def adam_floor(ops, n: int, warmup: int, steps: int) -> dict:
+    """Adam's traffic (read p, g, m, v; write p, m, v) with no real arithmetic: the ceiling."""
+    p, g, m, v = torch.rand(n), torch.full((n,), 1e-9), torch.rand(n), torch.rand(n)
+    res = timed(lambda: ops.adam_traffic(p, g, m, v, torch.get_num_threads()), warmup, steps)
+    return {**res, "gbs": 28 * n / res["median_s"] / 1e9}
+
+
 def last_level_cache() -> int:
     """Bytes of the largest cache sysfs lists for CPU 0 ("491520K"), 0 if none."""
     sizes = [parse_size(open(f).read().strip().replace("K", "k")) for f in glob.glob(  # noqa: SIM115
@@ -163,8 +179,10 @@ def run(args) -> dict:
         with contextlib.redirect_stdout(sys.stderr):  # its logger, made at import, then writes to stderr
             import deepspeed
         res["deepspeed"]["version"] = deepspeed.__version__
+        say("DeepSpeed: building (or loading) its CPU Adam op before any timing")
+        cell(deepspeed_adam, (torch.randn(4096), torch.randn(4096)), torch.float32, 1, 1)
     except Exception as exc:  # noqa: BLE001 - reported, then the bench goes on without it
-        res["deepspeed"]["error"] = f"import failed: {type(exc).__name__}: {exc}"
+        res["deepspeed"]["error"] = f"import or build failed: {type(exc).__name__}: {exc}"
     variants = [c.name for c in CPUAdamLoader().candidates() if c.decision]
     res["opforge_variants"], best = variants, CPUAdamLoader().load().name
     llc = res["machine"]["llc_bytes"] = last_level_cache()
@@ -214,11 +232,86 @@ def run(args) -> dict:
     return res
 
 
+def sweep(args) -> dict:
+    """The profile: GB/s of the triad, Adam's traffic floor, torch fused, DeepSpeed and opforge by thread count."""
+    from opforge.kernel_loader import CPUAdamLoader
+
+    ops, isa = build_triad()
+    best = CPUAdamLoader().load().name
+    n, top = parse_size(args.sweep), torch.get_num_threads()
+    threads = args.threads or sorted({t for t in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64) if t < top} | {top})
+    res: dict = {"machine": machine_info(), "size": args.sweep, "n": n, "triad_isa": isa, "best": best,
+                 "warmup": args.warmup, "steps": args.steps, "rows": []}
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            import deepspeed
+        res["deepspeed"] = deepspeed.__version__
+    except Exception as exc:  # noqa: BLE001 - reported, then the sweep goes on without it
+        res["deepspeed_error"] = f"{type(exc).__name__}: {exc}"
+    g = torch.Generator().manual_seed(0)
+    src = (torch.randn(n, generator=g), torch.randn(n, generator=g) * 1e-2)
+    impls = [("torch fused", torch_adamw(True)), ("DeepSpeed", deepspeed_adam), (f"opforge {best}", opforge_variant(best))]
+    try:
+        for t in threads:
+            torch.set_num_threads(t)
+            say(f"sweep {args.sweep}: {t} threads")
+            row = {"threads": t, "triad_gbs12": triad(ops, 16 * n, args.warmup, args.steps)["gbs12"],
+                   "floor": adam_floor(ops, n, args.warmup, args.steps)}
+            for name, make in impls:
+                if make is deepspeed_adam and "deepspeed" not in res:
+                    continue
+                try:
+                    r = cell(make, src, torch.float32, args.warmup, args.steps)
+                except Exception as exc:
+                    if make is not deepspeed_adam:
+                        raise
+                    res["deepspeed_error"] = f"{type(exc).__name__}: {str(exc).strip()[:2000]}"
+                    del res["deepspeed"]
+                    say(f"DeepSpeed failed, going on without it: {res['deepspeed_error'][:300]}")
+                    continue
+                row[name] = {**r, "gbs": 28 * n / r["median_s"] / 1e9}
+            res["rows"].append(row)
+    finally:
+        torch.set_num_threads(top)
+    res["machine"]["anon_huge_mb"] = anon_huge_mb()
+    return res
+
+
+def report_sweep(res: dict) -> None:
+    m = res["machine"]
+    print(f"{m['cpu']} · {m['cpus']} CPUs · torch {m['torch']} · DeepSpeed {res.get('deepspeed', 'n/a')} · "
+          f"{m['date']} · THP {m['thp']}, THP_MEM_ALLOC_ENABLE={m['thp_mem_alloc']}, "
+          f"{m['anon_huge_mb']:.0f} MB of anonymous memory on huge pages at the end")
+    print(f"Profile at {res['size']} fp32 params: GB/s (28 B/element for Adam and the floor, 12 B for the triad); "
+          f"median of {res['steps']} after {res['warmup']} warm-up")
+    names = [k for k in res["rows"][0] if k not in ("threads", "triad_gbs12", "floor")] if res["rows"] else []
+    head = ["threads", "", "triad @12 B", "Adam floor", *names, *(f"{k} / floor" for k in names)]
+    show("Adam step bandwidth by thread count", head,
+         [[str(r["threads"]), "", f"{r['triad_gbs12']:.1f}", f"{r['floor']['gbs']:.1f}",
+           *(f"{r[k]['gbs']:.1f}" for k in names), *(f"{100 * r[k]['gbs'] / r['floor']['gbs']:.0f}%" for k in names)]
+          for r in res["rows"]])
+
+
+def anon_huge_mb() -> float:
+    """MB of this process's anonymous memory on transparent huge pages (Linux), 0 if unknown."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            return next((int(ln.split()[1]) / 1024 for ln in f if ln.startswith("AnonHugePages:")), 0.0)
+    except OSError:
+        return 0.0
+
+
 def machine_info() -> dict:
     with open("/proc/cpuinfo") as f:  # Linux only
         cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "unknown")
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            thp = f.read().strip()
+    except OSError:
+        thp = "unknown"
     return {"cpu": cpu, "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": sys.version.split()[0], "date": datetime.datetime.now().isoformat(timespec="seconds")}
+            "python": sys.version.split()[0], "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "thp": thp, "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE", "unset")}
 
 
 def ms(r: dict) -> str:
@@ -286,7 +379,16 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3, help="warm-up steps per cell (default 3)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per cell (default 10)")
     ap.add_argument("--json", metavar="PATH", help="write all results, raw step times included, as JSON")
+    ap.add_argument("--sweep", metavar="SIZE", help="instead: the profile at one size (e.g. 100M) by thread count")
+    ap.add_argument("--threads", nargs="+", type=int, help="thread counts for --sweep (default 1, 2, 4, ... all)")
     args = ap.parse_args()
+    if args.sweep:
+        res = sweep(args)
+        report_sweep(res)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=2)
+        return
     args.sizes = args.sizes or (["1M", "10M"] if args.quick else ["1M", "10M", "100M"])
     t0 = time.perf_counter()
     res = run(args)

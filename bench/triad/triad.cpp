@@ -9,6 +9,10 @@
 //   triad(Tensor(a!) a, Tensor b, Tensor c, float s, int num_threads, bool streaming) -> ()
 //     streaming: non-temporal stores to a (AVX-512/AVX2 builds; a must be 64-byte
 //     aligned), which skip the write-allocate read of a.
+//   adam_traffic(Tensor(a!) p, Tensor g, Tensor(b!) m, Tensor(c!) v, int num_threads) -> ()
+//     p += g, m += g, v += g: Adam's memory traffic (read p, g, m, v; write p, m, v:
+//     28 B/element) with next to no arithmetic, split over threads as cpu_adam splits
+//     its work. Its GB/s is the ceiling an Adam step on this machine can reach.
 //   simd_width() -> int    floats per vector of the ISA this TU was built for
 
 #include <torch/csrc/stable/library.h>
@@ -73,11 +77,53 @@ void triad_chunk(float* a, const float* b, const float* c, int64_t n, float s, b
   for (; i < n; ++i) a[i] = b[i] + s * c[i];
 }
 
+// p += g, m += g, v += g for i in [0, n).
+void traffic_chunk(float* p, const float* g, float* m, float* v, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    const __m512 vg = _mm512_loadu_ps(g + i);
+    _mm512_storeu_ps(p + i, _mm512_add_ps(_mm512_loadu_ps(p + i), vg));
+    _mm512_storeu_ps(m + i, _mm512_add_ps(_mm512_loadu_ps(m + i), vg));
+    _mm512_storeu_ps(v + i, _mm512_add_ps(_mm512_loadu_ps(v + i), vg));
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  for (; i + 8 <= n; i += 8) {
+    const __m256 vg = _mm256_loadu_ps(g + i);
+    _mm256_storeu_ps(p + i, _mm256_add_ps(_mm256_loadu_ps(p + i), vg));
+    _mm256_storeu_ps(m + i, _mm256_add_ps(_mm256_loadu_ps(m + i), vg));
+    _mm256_storeu_ps(v + i, _mm256_add_ps(_mm256_loadu_ps(v + i), vg));
+  }
+#endif
+  for (; i < n; ++i) {
+    p[i] += g[i];
+    m[i] += g[i];
+    v[i] += g[i];
+  }
+}
+
+// Runs fn(begin, end) over [0, n) in 64-element-aligned chunks, one per thread.
+template <class Fn>
+void split(int64_t n, int64_t num_threads, Fn fn) {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(static_cast<int>(num_threads))
+  {
+    const int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();
+    const int64_t chunk = ((n + nt - 1) / nt + 63) / 64 * 64;  // keeps each chunk 64-byte aligned
+    const int64_t b = std::min(n, tid * chunk), e = std::min(n, b + chunk);
+    if (b < e) fn(b, e);
+  }
+#else
+  (void)num_threads;
+  fn(0, n);
+#endif
+}
+
 void check(const Tensor& t, const char* name, int64_t n) {
-  STD_TORCH_CHECK(t.is_cpu() && t.is_contiguous(), "triad: ", name, " must be a contiguous CPU tensor");
-  STD_TORCH_CHECK(t.scalar_type() == torch::headeronly::ScalarType::Float, "triad: ", name,
+  STD_TORCH_CHECK(t.is_cpu() && t.is_contiguous(), "bench_triad: ", name, " must be a contiguous CPU tensor");
+  STD_TORCH_CHECK(t.scalar_type() == torch::headeronly::ScalarType::Float, "bench_triad: ", name,
                   " must be float32");
-  STD_TORCH_CHECK(t.numel() == n, "triad: ", name, " must have ", n, " elements, got ", t.numel());
+  STD_TORCH_CHECK(t.numel() == n, "bench_triad: ", name, " must have ", n, " elements, got ", t.numel());
 }
 
 void triad(Tensor a, Tensor b, Tensor c, double s, int64_t num_threads, bool streaming) {
@@ -92,17 +138,21 @@ void triad(Tensor a, Tensor b, Tensor c, double s, int64_t num_threads, bool str
   STD_TORCH_CHECK(!streaming || reinterpret_cast<uintptr_t>(pa) % 64 == 0,
                   "triad: streaming stores need a 64-byte aligned a");
   const float fs = static_cast<float>(s);
-#ifdef _OPENMP
-#pragma omp parallel num_threads(static_cast<int>(num_threads))
-  {
-    const int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();
-    const int64_t chunk = ((n + nt - 1) / nt + 63) / 64 * 64;  // keeps each chunk 64-byte aligned
-    const int64_t b0 = std::min(n, tid * chunk), e0 = std::min(n, b0 + chunk);
-    if (b0 < e0) triad_chunk(pa + b0, pb + b0, pc + b0, e0 - b0, fs, streaming);
-  }
-#else
-  triad_chunk(pa, pb, pc, n, fs, streaming);
-#endif
+  split(n, num_threads, [&](int64_t b, int64_t e) { triad_chunk(pa + b, pb + b, pc + b, e - b, fs, streaming); });
+}
+
+void adam_traffic(Tensor p, Tensor g, Tensor m, Tensor v, int64_t num_threads) {
+  const int64_t n = p.numel();
+  check(p, "p", n);
+  check(g, "g", n);
+  check(m, "m", n);
+  check(v, "v", n);
+  STD_TORCH_CHECK(num_threads >= 1, "adam_traffic: num_threads must be >= 1, got ", num_threads);
+  float* pp = static_cast<float*>(p.mutable_data_ptr());
+  const float* pg = static_cast<const float*>(g.const_data_ptr());
+  float* pm = static_cast<float*>(m.mutable_data_ptr());
+  float* pv = static_cast<float*>(v.mutable_data_ptr());
+  split(n, num_threads, [&](int64_t b, int64_t e) { traffic_chunk(pp + b, pg + b, pm + b, pv + b, e - b); });
 }
 
 int64_t simd_width() { return kSimdWidth; }
@@ -111,10 +161,12 @@ int64_t simd_width() { return kSimdWidth; }
 
 OPFORGE_LIBRARY(OPFORGE_NS, m) {
   m.def("triad(Tensor(a!) a, Tensor b, Tensor c, float s, int num_threads, bool streaming) -> ()");
+  m.def("adam_traffic(Tensor(a!) p, Tensor g, Tensor(b!) m, Tensor(c!) v, int num_threads) -> ()");
   m.def("simd_width() -> int");
 }
 
 OPFORGE_LIBRARY_IMPL(OPFORGE_NS, CompositeExplicitAutograd, m) {
   m.impl("triad", TORCH_BOX(&triad));
+  m.impl("adam_traffic", TORCH_BOX(&adam_traffic));
   m.impl("simd_width", TORCH_BOX(&simd_width));
 }
