@@ -7,10 +7,14 @@ Usage::
 
 How it measures (one process, on torch.get_num_threads() threads):
 
-* Adam: one param of N elements with its grad; each implementation updates its own copy, made
-  fresh for its cell and freed after it. AdamW for all (lr 1e-3, betas 0.9/0.999, eps 1e-8,
-  weight_decay 0.01). A cell: W warm-up steps (states allocated and first touched, DeepSpeed's
-  op JIT-built), then the median (min-max) of S timed ``step()`` calls. torch's default on CPU
+* Adam: one param of N elements with its grad; each implementation updates its own copy. AdamW
+  for all (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight_decay 0.01). The implementations of a
+  table live side by side: W warm-up steps each (states allocated and first touched), then S
+  rounds of one timed ``step()`` each in a rotating order, so a noisy neighbour hits all of them
+  alike; each timed step comes right after an untimed one of its own, so a size that fits in
+  cache is timed in cache, as the triad is (``--cold``: without it, so the step finds the
+  others' data in the cache). The median (min-max) of S. DeepSpeed's op is JIT-built before any
+  timing. torch's default on CPU
   is its single-tensor for-loop. opforge: ``CPUAdam`` (best variant) in the main table, each
   variant that runs here through its kernel (``adam_step_``) in a second one.
 * Bytes per element: fp32 reads param, grad, exp_avg, exp_avg_sq and writes param, exp_avg,
@@ -156,23 +160,59 @@ def opforge_variant(name: str):
     return make
 
 
-def cell(make, src: tuple[torch.Tensor, torch.Tensor], dtype, warmup: int, steps: int) -> dict:
-    p = torch.nn.Parameter(src[0].to(dtype, copy=True))
-    p.grad = src[1].to(dtype, copy=True)
+def cells(makes: dict, src: tuple[torch.Tensor, torch.Tensor], dtype, warmup: int, steps: int,
+          cold: bool = False) -> dict:
+    """Times the implementations of one table together: each gets its own copy of the param and
+    grad, W warm-up steps, then S rounds of one timed step each, in a rotating order, so that all
+    of them meet the same machine (a noisy neighbour). Hot (the default): each timed step comes
+    right after an untimed one of the same implementation, so a size that fits in cache is timed
+    in cache, as the triad is; cold: the timed step finds what the others left in the cache. Returns
+    {name: result}; an implementation that fails is {"error": ...} (DeepSpeed may; opforge and
+    torch must not)."""
+    out, live = {}, {}
     with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed prints a banner per optimizer
-        step = make(p)
-        res = timed(step, warmup, steps)
-    if not bool(torch.isfinite(p.detach()[-4096:].float()).all()) or torch.equal(p.detach(), src[0].to(dtype)):
-        raise RuntimeError("the param was not updated, or is not finite")
-    del step, p
+        for name, make in makes.items():
+            p = torch.nn.Parameter(src[0].to(dtype, copy=True))
+            p.grad = src[1].to(dtype, copy=True)
+            try:
+                step = make(p)
+                for _ in range(warmup):
+                    step()
+            except Exception as exc:
+                if make is not deepspeed_adam:
+                    raise
+                out[name] = {"error": f"{type(exc).__name__}: {str(exc).strip()[:2000]}"}
+                continue
+            live[name] = (p, step, [])
+        names = list(live)
+        for i in range(steps):
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                if not cold:
+                    live[name][1]()
+                t0 = time.perf_counter()
+                live[name][1]()
+                live[name][2].append(time.perf_counter() - t0)
+    for name, (p, _, runs) in live.items():
+        if not bool(torch.isfinite(p.detach()[-4096:].float()).all()) or torch.equal(p.detach(), src[0].to(dtype)):
+            raise RuntimeError(f"{name}: the param was not updated, or is not finite")
+        out[name] = {"median_s": statistics.median(runs), "min_s": min(runs), "max_s": max(runs), "runs": runs}
+    del live
     gc.collect()
+    return out
+
+
+def cell(make, src: tuple[torch.Tensor, torch.Tensor], dtype, warmup: int, steps: int) -> dict:
+    res = cells({"it": make}, src, dtype, warmup, steps)["it"]
+    if "error" in res:
+        raise RuntimeError(res["error"])
     return res
 
 
 def run(args) -> dict:
     from opforge.kernel_loader import CPUAdamLoader
 
-    res: dict = {"machine": machine_info(), "warmup": args.warmup, "steps": args.steps, "targets": TARGETS,
+    res: dict = {"machine": machine_info(), "warmup": args.warmup, "steps": args.steps, "cold": args.cold,
+                 "targets": TARGETS,
                  "sizes": {}, "deepspeed": {}}
     ops, res["triad_isa"] = build_triad()
     try:
@@ -202,24 +242,23 @@ def run(args) -> dict:
         out["triad"] = triad(ops, 16 * n, args.warmup, args.steps)
         g = torch.Generator().manual_seed(0)
         src = (torch.randn(n, generator=g), torch.randn(n, generator=g) * 1e-2)
-        jobs = [("fp32", name, bpe, make, torch.float32) for name, bpe, make in fp32_impls]
-        jobs += [("variants", name, 28, opforge_variant(name), torch.float32) for name in variants]
-        jobs += [("bf16", name, bpe, make, torch.bfloat16) for name, bpe, make in bf16_impls]
-        for table, name, bpe, make, dtype in jobs:
-            if make is deepspeed_adam and "error" in res["deepspeed"]:
-                continue
-            say(f"{label}: {table} {name}")
-            try:
-                r = cell(make, src, dtype, args.warmup, args.steps)
-            except Exception as exc:
-                if make is not deepspeed_adam:
-                    raise
-                res["deepspeed"]["error"] = f"{type(exc).__name__}: {str(exc).strip()[:2000]}"
-                say(f"DeepSpeed failed, going on without it: {res['deepspeed']['error'][:300]}")
-                continue
-            r.update(bytes_per_elem=bpe, gbs=bpe * n / r["median_s"] / 1e9)
-            r["pct_triad"] = 100 * r["gbs"] / out["triad"]["gbs12"]
-            out[table][name] = r
+        jobs = {"fp32": [(name, bpe, make, torch.float32) for name, bpe, make in fp32_impls],
+                "variants": [(name, 28, opforge_variant(name), torch.float32) for name in variants],
+                "bf16": [(name, bpe, make, torch.bfloat16) for name, bpe, make in bf16_impls]}
+        for table, impls in jobs.items():
+            impls = [j for j in impls if not (j[2] is deepspeed_adam and "error" in res["deepspeed"])]
+            say(f"{label}: {table}: {', '.join(j[0] for j in impls)}")
+            got = cells({name: make for name, _, make, _ in impls}, src, impls[0][3], args.warmup, args.steps,
+                        args.cold)
+            for name, bpe, _, _ in impls:
+                r = got[name]
+                if "error" in r:
+                    res["deepspeed"]["error"] = r["error"]
+                    say(f"DeepSpeed failed, going on without it: {r['error'][:300]}")
+                    continue
+                r.update(bytes_per_elem=bpe, gbs=bpe * n / r["median_s"] / 1e9)
+                r["pct_triad"] = 100 * r["gbs"] / out["triad"]["gbs12"]
+                out[table][name] = r
         del src
         gc.collect()
         for table in ("fp32", "bf16", "variants"):  # ratios: the other's time / this one's
@@ -240,7 +279,7 @@ def sweep(args) -> dict:
     best = CPUAdamLoader().load().name
     n, top = parse_size(args.sweep), torch.get_num_threads()
     threads = args.threads or sorted({t for t in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64) if t < top} | {top})
-    res: dict = {"machine": machine_info(), "size": args.sweep, "n": n, "triad_isa": isa, "best": best,
+    res: dict = {"machine": machine_info(), "size": args.sweep, "n": n, "triad_isa": isa, "best": best, "cold": args.cold,
                  "warmup": args.warmup, "steps": args.steps, "rows": []}
     try:
         with contextlib.redirect_stdout(sys.stderr):
@@ -257,17 +296,12 @@ def sweep(args) -> dict:
             say(f"sweep {args.sweep}: {t} threads")
             row = {"threads": t, "triad_gbs12": triad(ops, 16 * n, args.warmup, args.steps)["gbs12"],
                    "floor": adam_floor(ops, n, args.warmup, args.steps)}
-            for name, make in impls:
-                if make is deepspeed_adam and "deepspeed" not in res:
-                    continue
-                try:
-                    r = cell(make, src, torch.float32, args.warmup, args.steps)
-                except Exception as exc:
-                    if make is not deepspeed_adam:
-                        raise
-                    res["deepspeed_error"] = f"{type(exc).__name__}: {str(exc).strip()[:2000]}"
-                    del res["deepspeed"]
-                    say(f"DeepSpeed failed, going on without it: {res['deepspeed_error'][:300]}")
+            live = {name: make for name, make in impls if make is not deepspeed_adam or "deepspeed" in res}
+            for name, r in cells(live, src, torch.float32, args.warmup, args.steps, args.cold).items():
+                if "error" in r:
+                    res["deepspeed_error"] = r["error"]
+                    res.pop("deepspeed", None)
+                    say(f"DeepSpeed failed, going on without it: {r['error'][:300]}")
                     continue
                 row[name] = {**r, "gbs": 28 * n / r["median_s"] / 1e9}
             res["rows"].append(row)
@@ -346,7 +380,8 @@ def report(res: dict) -> None:
     print(f"{m['cpu']} · {m['threads']} threads (torch.get_num_threads(); {m['cpus']} CPUs) · LLC "
           f"{m['llc_bytes'] / 2**20:.0f} MiB · torch {m['torch']} · DeepSpeed {ds.get('version', 'n/a')} · "
           f"Python {m['python']} · {m['date']}")
-    print(f"ms/step: median (min-max) of {res['steps']} steps after {res['warmup']} warm-up; triad ISA "
+    print(f"ms/step: median (min-max) of {res['steps']} {'cold' if res['cold'] else 'hot'} steps, interleaved, after "
+          f"{res['warmup']} warm-up; triad ISA "
           f"{res['triad_isa']}; '% triad' = GB/s / the same size's triad GB/s at 12 B/elem (STREAM convention)")
     print(f"DRAM triad ({dram['mbytes']:.0f} MB, >= 4x LLC): {dram['gbs12']:.1f} GB/s @12 B/elem, "
           f"{dram['gbs16']:.1f} @16 B/elem (write-allocate); non-temporal stores: {nt['gbs12']:.1f} GB/s @12 B/elem")
@@ -377,8 +412,10 @@ def main() -> None:
     ap.add_argument("--sizes", nargs="+", help="param elements per size, e.g. 1M 10M 100M (the default)")
     ap.add_argument("--quick", action="store_true", help="sizes 1M and 10M only")
     ap.add_argument("--warmup", type=int, default=3, help="warm-up steps per cell (default 3)")
-    ap.add_argument("--steps", type=int, default=10, help="timed steps per cell (default 10)")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per implementation (default 20)")
     ap.add_argument("--json", metavar="PATH", help="write all results, raw step times included, as JSON")
+    ap.add_argument("--cold", action="store_true",
+                    help="time each step right after the other implementations' (states not in cache)")
     ap.add_argument("--sweep", metavar="SIZE", help="instead: the profile at one size (e.g. 100M) by thread count")
     ap.add_argument("--threads", nargs="+", type=int, help="thread counts for --sweep (default 1, 2, 4, ... all)")
     args = ap.parse_args()
