@@ -4,6 +4,7 @@ both ways, lr schedulers, GradScaler, DeepSpeedCPUAdam's argument names, bad inp
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -159,6 +160,14 @@ def test_bad_input_is_a_clear_error():
         CPUAdam([torch.nn.Parameter(torch.zeros(3))], betas=(1.0, 0.999))
     with pytest.raises(TypeError, match="needs the parameters"):
         CPUAdam()
+    w = torch.nn.Parameter(torch.zeros(3))
+    with warnings.catch_warnings():  # torch warns first (and may raise itself one day)
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match="appears twice|duplicate"):
+            CPUAdam([w, w])
+    opt = CPUAdam([torch.nn.Parameter(torch.zeros(3))])
+    with pytest.raises(ValueError, match="CPU memory, but one is on meta"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3, device="meta"))]})
     emb = torch.nn.Embedding(10, 3, sparse=True)
     opt = CPUAdam(emb.parameters())
     emb(torch.tensor([1, 2])).sum().backward()

@@ -59,10 +59,16 @@ class CPUAdam(torch.optim.Optimizer):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
                         adamw_mode=adamw_mode, bias_correction=bias_correction)
         super().__init__(params, defaults)
-        for group in self.param_groups:
-            for p in group["params"]:
-                self._check_param(p)
         self.kernel = CPUAdamLoader().load(ext_name=ext_name)
+
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        params = self.param_groups[-1]["params"]
+        for p in params:
+            self._check_param(p)
+        if len({id(p) for p in params}) != len(params):  # torch only warns; one kernel call would step it twice
+            raise ValueError("CPUAdam: a parameter appears twice in one param group; pass each parameter once "
+                             "(e.g. list(dict.fromkeys(params)))")
 
     @staticmethod
     def _check_param(p: torch.Tensor) -> None:
