@@ -2,5 +2,6 @@
 implementations for torch.compile, each dispatching to the kernel its loader picked."""
 
 from .adam import adam_step_, adam_step_multi_
+from .bias_act import bias_act
 
-__all__ = ["adam_step_", "adam_step_multi_"]
+__all__ = ["adam_step_", "adam_step_multi_", "bias_act"]

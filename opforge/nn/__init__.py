@@ -1,0 +1,5 @@
+"""opforge's modules: thin ``torch.nn.Module`` wrappers over ``opforge.ops``."""
+
+from .bias_act import BiasAct
+
+__all__ = ["BiasAct"]

@@ -1,0 +1,250 @@
+"""``opforge.ops.bias_act``: ``y = clamp(act(x + b) * gain, -clamp, clamp)``, ``b`` broadcast along
+``dim``, on the best ``bias_act`` kernel (``BiasActLoader``), with first and second derivatives.
+
+Three ``torch.library`` custom ops, each with a fake implementation:
+
+* ``opforge::bias_act(x, b, dim, act, alpha, gain, clamp) -> y``;
+* ``opforge::bias_act_backward(dy, x, b, y, ..., need_db) -> (dx, db)``, its autograd;
+* ``opforge::bias_act_backward2(s, dy, x, b, y, ..., need_db) -> (dref, db)``, the autograd
+  of ``bias_act_backward``: the double backward goes through these ops, so a kernel variant
+  implements three functions and never autograd (see ``kernels/bias_act/reference.py``).
+
+What the backward keeps is ``Activation.ref_for``: ``y`` (the output) for the activations
+whose derivative is a function of their value, ``x`` and ``b`` for the others, nothing for
+``linear`` without a clamp. Third-order gradients are not supported (a clear error).
+
+Arguments are checked here, at the boundary, with messages that name the fix. Policy:
+
+* ``x``: float16, bfloat16, float32 or float64, any shape, any strides; compute in fp32
+  (fp64 for fp64 input); ``y`` in ``x``'s dtype, with ``x``'s strides when ``x`` is dense.
+* ``b``: None, or a 1-D tensor of ``x.shape[dim]`` elements on ``x``'s device, of any float
+  dtype (it is read in the compute dtype; ``db`` comes back in ``b``'s dtype).
+  ``dim`` is only checked when there is a ``b``.
+* ``alpha``: only for ``lrelu`` (negative slope, default 0.2) and ``elu`` (default 1.0);
+  given to another activation it is an error. ``gain``: default sqrt(2) for relu, lrelu
+  and swish, else 1. ``clamp``: None, or >= 0; the gradient is zero where
+  ``|act(x + b) * gain| >= clamp``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..kernels.bias_act import BiasActLoader
+from ..kernels.bias_act.activations import NAMES, Activation, lookup
+
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _kernel():
+    """The kernel for these tensors. One implementation serves every device for now; a
+    device-specific variant (CUDA, Triton) will be chosen here by the tensors' device."""
+    return BiasActLoader().load()
+
+
+def check(x: torch.Tensor, b: torch.Tensor | None, dim: int, spec: Activation, alpha: float, gain: float,
+          clamp: float | None) -> int:
+    """Raise on bad arguments (saying what to do); return ``dim``, made non-negative."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"bias_act: x must be a tensor, got {type(x).__name__}")
+    if x.dtype not in FLOATS:
+        raise TypeError(f"bias_act: x must be float16, bfloat16, float32 or float64, got {x.dtype}: "
+                        f"convert it first, e.g. x.float()")
+    if x.layout != torch.strided:
+        raise ValueError(f"bias_act: x must be a dense (strided) tensor, got {x.layout}: use x.to_dense()")
+    if clamp is not None and not clamp >= 0:  # also catches NaN
+        raise ValueError(f"bias_act: clamp must be None (no clamping) or >= 0, got {clamp}")
+    if not (abs(gain) < math.inf and abs(alpha) < math.inf):  # also NaN; math.isfinite would break a dynamic graph
+        raise ValueError(f"bias_act: gain and alpha must be finite, got gain={gain}, alpha={alpha}")
+    if b is None:
+        return dim
+    if not isinstance(b, torch.Tensor):
+        raise TypeError(f"bias_act: b must be a tensor or None, got {type(b).__name__}")
+    if x.ndim == 0:
+        raise ValueError("bias_act: x is a scalar (0-d), so it has no dim to add b along: pass b=None, "
+                         "or give x a dimension")
+    if not -x.ndim <= dim < x.ndim:
+        raise ValueError(f"bias_act: dim={dim} is out of range for x of {x.ndim} dims "
+                         f"(shape {list(x.shape)}): use a dim in [{-x.ndim}, {x.ndim - 1}]")
+    dim = dim % x.ndim
+    if b.dtype not in FLOATS:
+        raise TypeError(f"bias_act: b must be a float tensor (any of float16, bfloat16, float32, float64), "
+                        f"got {b.dtype}: convert it first, e.g. b.float()")
+    if b.device != x.device:
+        raise ValueError(f"bias_act: b is on {b.device} but x is on {x.device}: move b there, b.to(x.device)")
+    if b.ndim != 1 or b.shape[0] != x.shape[dim]:
+        raise ValueError(f"bias_act: b must be 1-D with x.shape[{dim}] = {x.shape[dim]} elements (x has shape "
+                         f"{list(x.shape)}, dim={dim}), got shape {list(b.shape)}: pass the bias of dim {dim}, "
+                         f"or the dim that b belongs to")
+    return dim
+
+
+def _resolve(act: str, alpha: float | None, gain: float | None) -> tuple[Activation, float, float]:
+    spec = lookup(act)
+    if alpha is not None and not spec.uses_alpha:
+        raise ValueError(f"bias_act: act={spec.name!r} takes no alpha (got alpha={alpha}); only lrelu (negative "
+                         f"slope) and elu use it: drop alpha")
+    alpha = spec.default_alpha if alpha is None else float(alpha)
+    gain = spec.default_gain if gain is None else float(gain)
+    return spec, alpha, gain
+
+
+def bias_act(x: torch.Tensor, b: torch.Tensor | None = None, dim: int = 1, act: str = "linear",
+             alpha: float | None = None, gain: float | None = None,
+             clamp: float | None = None) -> torch.Tensor:
+    """``clamp(act(x + b) * gain, -clamp, clamp)``, ``b`` (1-D, ``x.shape[dim]`` elements)
+    broadcast along ``dim``.
+
+    ``act``: one of ``linear``, ``relu``, ``lrelu``, ``tanh``, ``sigmoid``, ``elu``, ``selu``,
+    ``softplus``, ``swish`` (SiLU), ``gelu`` (erf) and ``gelu_tanh`` (tanh approximation).
+    ``alpha``: the slope of ``lrelu`` (default 0.2) or the alpha of ``elu`` (default 1.0).
+    ``gain``: default sqrt(2) for relu, lrelu and swish, else 1. ``clamp``: None or >= 0.
+
+    >>> import torch
+    >>> bias_act(torch.tensor([[-1.0, 2.0]]), torch.tensor([0.5]), dim=0, act="relu", gain=1.0)
+    tensor([[0.0000, 2.5000]])
+    """
+    spec, alpha, gain = _resolve(act, alpha, gain)
+    clamp = None if clamp is None else float(clamp)
+    dim = check(x, b, dim, spec, alpha, gain, clamp)
+    return torch.ops.opforge.bias_act(x, b, dim, spec.name, alpha, gain, clamp)
+
+
+# -- the custom ops --
+
+def _checked(x, b, dim, act, alpha, gain, clamp) -> int:
+    return check(x, b, dim, lookup(act), alpha, gain, clamp)
+
+
+def _db_meta(b: torch.Tensor | None, need: bool, src: torch.Tensor) -> torch.Tensor:
+    if b is None or not need:
+        return src.new_empty(0, dtype=b.dtype if b is not None else src.dtype)
+    return b.new_empty(b.shape)
+
+
+@torch.library.custom_op("opforge::bias_act", mutates_args=())
+def _bias_act(x: torch.Tensor, b: torch.Tensor | None, dim: int, act: str, alpha: float, gain: float,
+              clamp: float | None) -> torch.Tensor:
+    dim = _checked(x, b, dim, act, alpha, gain, clamp)
+    return _kernel().forward(x, b, dim, act, alpha, gain, clamp)
+
+
+@_bias_act.register_fake
+def _(x, b, dim, act, alpha, gain, clamp):
+    _checked(x, b, dim, act, alpha, gain, clamp)
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("opforge::bias_act_backward", mutates_args=())
+def _bias_act_backward(dy: torch.Tensor, x: torch.Tensor | None, b: torch.Tensor | None,
+                       y: torch.Tensor | None, dim: int, act: str, alpha: float, gain: float,
+                       clamp: float | None, need_db: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dx = dy * dy/d(x + b)`` and, with ``need_db``, ``db`` (``dx`` summed in fp32 over every
+    dim but ``dim``). Give the tensors ``ref_for`` names: ``y``, or ``x`` and ``b``."""
+    _check_saved(dy, x, b, y, dim, act, alpha, clamp)
+    return _kernel().backward(dy, x, b, y, dim % dy.ndim if dy.ndim else dim, act, alpha, gain, clamp, need_db)
+
+
+@_bias_act_backward.register_fake
+def _(dy, x, b, y, dim, act, alpha, gain, clamp, need_db):
+    _check_saved(dy, x, b, y, dim, act, alpha, clamp)
+    return torch.empty_like(dy), _db_meta(b, need_db, dy)
+
+
+@torch.library.custom_op("opforge::bias_act_backward2", mutates_args=())
+def _bias_act_backward2(s: torch.Tensor, dy: torch.Tensor, x: torch.Tensor | None, b: torch.Tensor | None,
+                        y: torch.Tensor | None, dim: int, act: str, alpha: float, gain: float,
+                        clamp: float | None, need_db: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradient of ``bias_act_backward``'s ``dx`` with respect to its ``y`` (or ``x``, and
+    ``b`` with ``need_db``), given ``s``, the gradient flowing into ``dx``."""
+    _check_saved(dy, x, b, y, dim, act, alpha, clamp)
+    return _kernel().backward2(s, dy, x, b, y, dim % dy.ndim if dy.ndim else dim, act, alpha, gain, clamp, need_db)
+
+
+@_bias_act_backward2.register_fake
+def _(s, dy, x, b, y, dim, act, alpha, gain, clamp, need_db):
+    _check_saved(dy, x, b, y, dim, act, alpha, clamp)
+    ref = lookup(act).ref_for(alpha, clamp)
+    src = y if ref == "y" else x if ref == "x" else dy
+    return torch.empty_like(src), _db_meta(b, need_db and ref == "x", dy)
+
+
+def _check_saved(dy, x, b, y, dim, act, alpha, clamp) -> None:
+    ref = lookup(act).ref_for(alpha, clamp)
+    needed = {"x": ("x", x), "y": ("y", y)}.get(ref)
+    if needed is not None and needed[1] is None:
+        raise ValueError(f"bias_act backward: act={act!r} (alpha={alpha}, clamp={clamp}) needs {needed[0]}; "
+                         f"it was not given")
+    for name, t in (("x", x), ("y", y)):
+        if t is not None and t.shape != dy.shape:
+            raise ValueError(f"bias_act backward: {name} has shape {list(t.shape)}, dy {list(dy.shape)}")
+    if ref == "x" and b is not None:
+        check(x, b, dim, lookup(act), alpha, 1.0, clamp)
+
+
+# -- autograd --
+
+def _setup(ctx, inputs, output):
+    x, b, dim, act, alpha, gain, clamp = inputs
+    ref = lookup(act).ref_for(alpha, clamp)
+    ctx.args = (dim, act, alpha, gain, clamp)
+    ctx.save_for_backward(x if ref == "x" else None, b, output if ref == "y" else None)
+
+
+def _backward(ctx, dy):
+    x, b, y = ctx.saved_tensors
+    need_dx, need_db = ctx.needs_input_grad[0], b is not None and ctx.needs_input_grad[1]
+    if not (need_dx or need_db):
+        return (None,) * 7
+    dx, db = torch.ops.opforge.bias_act_backward(dy, x, b, y, *ctx.args, need_db)
+    return dx if need_dx else None, db if need_db else None, None, None, None, None, None
+
+
+_bias_act.register_autograd(_backward, setup_context=_setup)
+
+
+def _setup_backward(ctx, inputs, output):
+    dy, x, b, y, dim, act, alpha, gain, clamp, need_db = inputs
+    ctx.args = (dim, act, alpha, gain, clamp)
+    ctx.need_db = need_db
+    ctx.save_for_backward(dy, x, b, y)
+
+
+def _backward_backward(ctx, gdx, gdb):
+    """``dx = dy * h(ref)`` and ``db = sum(dx)``: the gradient into ``dy`` is ``s * h`` (``s`` =
+    ``gdx`` plus ``gdb`` broadcast along ``dim``), a first backward of ``s``; into ``ref``, it is
+    ``s * dy * h'(ref)``, ``bias_act_backward2``."""
+    dy, x, b, y = ctx.saved_tensors
+    dim, act, alpha, gain, clamp = ctx.args
+    s = gdx
+    if ctx.need_db and b is not None and gdb is not None and gdb.numel():
+        s = s + gdb.to(s.dtype).reshape([-1 if i == dim else 1 for i in range(s.ndim)])
+    d_dy = None
+    if ctx.needs_input_grad[0]:
+        d_dy = torch.ops.opforge.bias_act_backward(s, x, b, y, dim, act, alpha, gain, clamp, False)[0]
+    spec = lookup(act)
+    ref = spec.ref_for(alpha, clamp)
+    d_x = d_b = d_y = None
+    wants = {"x": ctx.needs_input_grad[1] or ctx.needs_input_grad[2], "y": ctx.needs_input_grad[3]}.get(ref, False)
+    if spec.has_2nd_grad and wants:
+        need_db = ref == "x" and b is not None and ctx.needs_input_grad[2]
+        dref, db = torch.ops.opforge.bias_act_backward2(s, dy, x, b, y, dim, act, alpha, gain, clamp, need_db)
+        if ref == "x":
+            d_x, d_b = dref, (db if need_db else None)
+        else:
+            d_y = dref
+    return d_dy, d_x, d_b, d_y, None, None, None, None, None, None
+
+
+_bias_act_backward.register_autograd(_backward_backward, setup_context=_setup_backward)
+
+
+def _no_third(ctx, *grads):
+    raise RuntimeError("bias_act: third-order gradients are not implemented (first and second order are)")
+
+
+_bias_act_backward2.register_autograd(_no_third, setup_context=lambda ctx, inputs, output: None)
+
+__all__ = ["NAMES", "bias_act", "check"]
