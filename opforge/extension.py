@@ -102,6 +102,8 @@ class Extension:
     support_aot: ClassVar[bool] = False
     support_jit: ClassVar[bool] = True
     description: ClassVar[str] = ""
+    devices: ClassVar[tuple[str, ...]] = ()
+    """The tensor device types (``torch.device.type``) its ops take; empty: any."""
 
     sources: ClassVar[tuple[str, ...]] = ()
     """Relative to the directory of the module that declares the class."""
@@ -132,6 +134,12 @@ class Extension:
 
     def check_compatible(self, platform) -> Decision:
         return Accepted()
+
+    def serves(self, device: str | None) -> Decision:
+        """Do its ops take tensors on ``device`` (a ``torch.device.type``; None: any device)?"""
+        if device is None or not self.devices or device in self.devices:
+            return Accepted()
+        return Rejected(f"takes {' or '.join(self.devices)} tensors, not {device}")
 
     @property
     def needs_compiler(self) -> bool:
@@ -325,6 +333,7 @@ class CppExtension(CompiledExtension):
     """C++ for the CPU, one extension per ISA variant (``isa``), compiled with explicit flags."""
 
     backend = "cpp"
+    devices = ("cpu",)
     isa: ClassVar[isa_mod.Isa] = isa_mod.PORTABLE
 
     def compile_flags(self) -> list[str]:
@@ -338,6 +347,7 @@ class CudaExtension(CompiledExtension):
     """C++/CUDA. Needs an NVIDIA GPU of at least ``min_capability`` and a CUDA build of torch."""
 
     backend = "cuda"
+    devices = ("cuda",)
     min_capability: ClassVar[tuple[int, int]] = (7, 0)
 
     def is_available(self, platform) -> Decision:
@@ -382,6 +392,7 @@ class PythonExtension(Extension):
 
 class TritonExtension(PythonExtension):
     backend = "triton"
+    devices = ("cuda",)
 
     def is_available(self, platform) -> Decision:
         if not platform.gpus:

@@ -64,16 +64,18 @@ def toolchain_decision(ext: Extension, platform, status: Status) -> Decision:
     return Accepted()
 
 
-def select(extensions: Sequence[Extension], platform, statuses: Mapping[str, Status]) -> list[Candidate]:
+def select(extensions: Sequence[Extension], platform, statuses: Mapping[str, Status],
+           device: str | None = None) -> list[Candidate]:
     """Order the extensions by priority and decide each. Pure.
 
     ``statuses`` holds the state of the extensions that pass their checks (prebuilt /
-    cached / needs build); the first accepted candidate is ``chosen``.
+    cached / needs build); the first accepted candidate is ``chosen``. ``device`` (a
+    ``torch.device.type``): only extensions whose ops take tensors there can be chosen.
     """
     out: list[Candidate] = []
     chosen = False
     for ext in sorted(extensions, key=lambda e: (-e.priority, e.name)):
-        available = ext.is_available(platform)
+        available = first_rejection([ext.serves(device), ext.is_available(platform)])
         compatible = ext.check_compatible(platform)
         status = None
         if available and compatible:
@@ -152,8 +154,9 @@ class KernelLoader:
     def extensions(cls) -> list[Extension]:
         return [e() for e in cls._extensions]
 
-    def candidates(self, platform=None, prebuilt=None, lazy: bool = False) -> list[Candidate]:
-        """Every extension of this kind with its Decision and state, best first.
+    def candidates(self, platform=None, prebuilt=None, lazy: bool = False, device: str | None = None) -> list[Candidate]:
+        """Every extension of this kind with its Decision and state, best first; with ``device``,
+        only those whose ops take tensors on that device type can be chosen.
 
         ``lazy``: look up states (prebuilt? cached?) only down to the first candidate that can
         be had; the ones after it are left undecided ("needs build"), which is all ``load()``
@@ -166,22 +169,24 @@ class KernelLoader:
         exts = sorted(self.extensions(), key=lambda e: (-e.priority, e.name))
         statuses = {}
         for ext in exts:
-            if ext.is_available(platform) and ext.check_compatible(platform):
+            if ext.serves(device) and ext.is_available(platform) and ext.check_compatible(platform):
                 status = statuses[ext.name] = ext.status(platform, prebuilt, s)
                 if lazy and toolchain_decision(ext, platform, status):
                     break
-        return select(exts, platform, statuses)
+        return select(exts, platform, statuses, device)
 
-    def load(self, ext_name: str | None = None, strict: bool = False, verbose: bool = False) -> LoadedKernel:
-        """The best implementation that works here (or ``ext_name``), loaded."""
-        key = (ext_name, strict)
+    def load(self, ext_name: str | None = None, strict: bool = False, verbose: bool = False,
+             device: str | None = None) -> LoadedKernel:
+        """The best implementation that works here (or ``ext_name``), loaded. ``device`` (a
+        ``torch.device.type`` such as ``"cpu"``): the best one whose ops take tensors there."""
+        key = (ext_name, strict, device)
         with self._lock:
             found = self._cache.get(key)
             if found is None:
-                found = self._cache[key] = self._load(ext_name, strict, verbose)
+                found = self._cache[key] = self._load(ext_name, strict, verbose, device)
             return found
 
-    def _load(self, ext_name: str | None, strict: bool, verbose: bool) -> LoadedKernel:
+    def _load(self, ext_name: str | None, strict: bool, verbose: bool, device: str | None = None) -> LoadedKernel:
         from .platform import current
 
         platform = current()
@@ -190,11 +195,11 @@ class KernelLoader:
             raise ValueError(f"{type(self).__name__} has no extension {ext_name!r}; "
                              f"the {self.kind} extensions are: {', '.join(sorted(names))}")
         if ext_name is not None:
-            (c,) = [c for c in self.candidates(platform) if c.name == ext_name]
+            (c,) = [c for c in self.candidates(platform, device=device) if c.name == ext_name]
             if not c.decision:
                 raise OpforgeError(f"{ext_name} can't be used here: {c.decision.reason}")
             return c.extension.load(platform, c.status, verbose)
-        cands = self.candidates(platform, lazy=True)
+        cands = self.candidates(platform, lazy=True, device=device)
         failures: list[str] = []
         tried: set[str] = set()
         while True:
@@ -210,7 +215,7 @@ class KernelLoader:
                 failures.append(f"{c.name}: {reason}")
                 tried.add(c.name)
                 warn_once(f"{c.name} could not be loaded ({reason}); falling back to the next {self.kind} implementation")
-                cands = self.candidates(platform)  # now decide every candidate, not just the first
+                cands = self.candidates(platform, device=device)  # now decide every candidate, not just the first
         rejected = [f"{c.name}: {c.decision.reason}" for c in cands if not c.decision]
         raise OpforgeError(f"no {self.kind} implementation can be loaded here:\n  "
                            + "\n  ".join(failures + rejected or ["(none is registered)"]))

@@ -20,6 +20,7 @@ upcast to fp64, so input rounding is shared and only compute and output rounding
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -29,9 +30,12 @@ from hypothesis import strategies as st
 
 import opforge.ops  # noqa: F401  (registers torch.ops.opforge.*)
 from opforge.kernel_loader import BiasActLoader
+from opforge.kernels.bias_act import dispatch
 from opforge.loader import loaders
 from opforge.nn import BiasAct
 from opforge.ops import bias_act
+
+op_module = importlib.import_module("opforge.ops.bias_act")  # the attribute opforge.ops.bias_act is the function
 
 ACTS = ("linear", "relu", "lrelu", "tanh", "sigmoid", "elu", "selu", "softplus", "swish", "gelu", "gelu_tanh")
 # What StyleGAN2 users expect: (alpha, gain) when neither is given.
@@ -59,6 +63,32 @@ LAYOUTS = {
     "strided": ((2, 5, 3, 4), 1, "strided"),
     "1d": ((13,), 0, "contiguous"),
 }
+
+
+# -- every implementation that runs here: the torch one and the best C++ variant --
+
+def cpu_variants() -> list[str]:
+    cands = BiasActLoader().candidates(device="cpu")
+    cpp = [c.name for c in cands if c.decision and c.extension.backend == "cpp"][:1]
+    return ["bias_act_torch", *cpp]
+
+
+IMPLS = cpu_variants()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_cache(shared_cache):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OPFORGE_CACHE_DIR", str(shared_cache))
+        yield
+
+
+@pytest.fixture(autouse=True, params=IMPLS)
+def impl(request, monkeypatch):
+    """The op runs on this implementation (the loader would pick the C++ one)."""
+    chosen = dispatch.implementation("cpu", request.param)
+    monkeypatch.setattr(op_module, "_kernel", lambda t: chosen)
+    return request.param
 
 
 # -- the fp64 reference --
@@ -244,7 +274,7 @@ def test_saves_only_what_the_derivative_needs(act, saves):
 
 
 @given(st.data())
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 def test_any_shape_dim_and_strides(data):
     ndim = data.draw(st.integers(1, 4), label="ndim")
     shape = data.draw(st.lists(st.integers(1, 5), min_size=ndim, max_size=ndim), label="shape")
@@ -381,11 +411,17 @@ def test_torch_compile_dynamic_shapes():
             torch.testing.assert_close(g, w)
 
 
-def test_the_loader_and_its_fallback():
+def test_the_loader_picks_per_device():
     assert "bias_act" in loaders()
-    k = BiasActLoader().load()
-    assert (k.name, k.backend) == ("bias_act_torch", "torch")
-    assert [c.name for c in BiasActLoader().candidates() if c.chosen] == ["bias_act_torch"]
+    k = BiasActLoader().load(device="cpu")
+    assert k.name == IMPLS[-1]
+    chosen = [c for c in BiasActLoader().candidates(device="cpu") if c.chosen]
+    assert [c.name for c in chosen] == [IMPLS[-1]]
+    meta = {c.name: c for c in BiasActLoader().candidates(device="meta")}
+    assert meta["bias_act_torch"].chosen
+    for name, c in meta.items():  # the compiled and Triton variants take CPU or CUDA tensors only
+        assert name == "bias_act_torch" or (not c.decision and "tensors, not meta" in c.decision.reason)
+    assert dispatch.implementation("cpu") is dispatch.implementation(torch.device("cpu"))
 
 
 # -- the module --
@@ -455,3 +491,37 @@ def test_scalar_and_empty_inputs():
     y = bias_act(torch.zeros(0, 3, requires_grad=True), torch.zeros(3, requires_grad=True), act="gelu")
     assert y.shape == (0, 3)
     y.sum().backward()
+
+
+# -- the compiled variants: sizes that split across threads, SIMD tails, extreme values --
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape,dim,how", [((3, 67, 1031), 1, "contiguous"), ((3, 67, 1031), -1, "contiguous"),
+                                           ((2, 37, 61, 59), 1, "channels_last"), ((2, 37, 61, 59), 1, "strided")],
+                         ids=["runs", "dim-1", "channels_last", "strided"])
+@pytest.mark.parametrize("act", ["lrelu", "tanh", "gelu", "softplus"])
+def test_large_odd_sizes(act, shape, dim, how, dtype, impl):
+    """> 2 x 65536 elements: every thread gets a range, ranges end mid-run, and blocks end in a
+    partial vector; db sums runs from several threads."""
+    if impl == "bias_act_torch":
+        pytest.skip("the compiled variants' case")
+    x = make_x(shape, how, dtype, seed=3)
+    b = (torch.randn(x.shape[dim], generator=torch.Generator().manual_seed(4))).requires_grad_()
+    check_against_reference(x, b, dim, act, clamp=1.5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("act", ACTS)
+def test_extreme_values_match_torch(act, dtype, impl):
+    """inf, -inf, NaN, huge and tiny inputs: the same as torch's own fp32 functions (NaN stays NaN)."""
+    special = torch.tensor([float("nan"), float("inf"), float("-inf"), 1e30, -1e30, 88.5, -88.5, 100.0, -100.0,
+                            30.0, -30.0, 20.0, 19.99, -20.0, 9.5, -9.5, 1e-30, -1e-30, 1e-5, -1e-5, 0.0, -0.0,
+                            0.49, -0.49, 0.51, -0.51])
+    x = special.repeat(3).to(dtype)
+    alpha, gain = DEFAULTS[act]
+    y = bias_act(x, act=act)
+    want = op_module.dispatch.adapt(BiasActLoader().load(ext_name="bias_act_torch")).forward(
+        x, None, 0, act, alpha if alpha is not None else 0.0, gain, None)
+    # torch's fp32 gelu(inf) is NaN (its limit is inf): where torch gives NaN for an infinite input, any value
+    keep = ~(x.isinf() & want.isnan())
+    torch.testing.assert_close(y[keep], want[keep], equal_nan=True, rtol=FWD_TOL[dtype][0], atol=1e-6)

@@ -146,6 +146,27 @@ def test_cuda_extensions_by_gpu_and_toolkit():
 # -- registration --------------------------------------------------------------------------
 
 
+def test_selection_per_tensor_device():
+    """A GPU machine: CUDA tensors get the CUDA variant, CPU tensors the best CPU one, any other
+    device the torch one; each rejection says which tensors the variant takes."""
+    nvcc13 = ToolInfo("/usr/local/cuda/bin/nvcc", "Build cuda_13.0.r13.0/compiler.36424714_0")
+    gpu = Platform(cpu=ICELAKE.cpu, gpus=(Gpu(0, "H100", "nvidia", (9, 0), "sm_90"),), torch_cuda="13.0", nvcc=nvcc13,
+                   cxx=GCC, ninja=NINJA)
+    cuda = _AnyCuda()
+    cuda.priority = 60  # above the CPU variants, as a real CUDA variant is
+    exts = [cuda, *selftest_exts()]
+
+    def pick(device):
+        return next(c.name for c in select(exts, gpu, {}, device) if c.chosen)
+
+    assert pick(None) == pick("cuda") == "cuda_any_example"
+    assert pick("cpu") == "selftest_avx512"
+    assert pick("mps") == "selftest_torch"
+    cands = {c.name: c for c in select(exts, gpu, {}, "cpu")}
+    assert cands["cuda_any_example"].decision.reason == "takes cuda tensors, not cpu"
+    assert cands["selftest_avx512"].chosen and cands["selftest_torch"].decision
+
+
 def test_register_rejects_non_extensions_duplicates_and_wrong_kind():
     Loader, Cpp, *_ = toy_kind()
     with pytest.raises(TypeError, match="takes a subclass of opforge.Extension"):

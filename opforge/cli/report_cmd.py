@@ -40,6 +40,9 @@ a removed or re-typed key gets a new version.
 
   - ``kind`` (str); ``loader`` (str, ``module.Class``);
   - ``chosen`` (str or null): the implementation the loader would load first;
+  - ``by_device`` (object): for a family with device-specific variants (``Extension.devices``),
+    the choice for tensors on each device type here (``cpu``, and ``cuda`` with a GPU);
+    empty otherwise;
   - ``candidates`` (list of objects, in the order the loader tries them):
 
     + ``name``, ``backend`` (``cpp``/``cuda``/``triton``/``torch``), ``priority`` (int);
@@ -144,8 +147,13 @@ def collect(kinds=(), platform: Platform | None = None, prebuilt: prebuilt_mod.P
             continue
         cands = cls().candidates(platform, prebuilt)
         chosen = next((c.name for c in cands if c.chosen), None)
+        by_device = {}
+        if any(c.extension.devices for c in cands):  # a family with device-specific variants
+            for device in ("cpu", "cuda") if platform.gpus else ("cpu",):
+                per = cls().candidates(platform, prebuilt, device=device)
+                by_device[device] = next((c.name for c in per if c.chosen), None)
         out_kinds.append({"kind": kind, "loader": f"{cls.__module__}.{cls.__qualname__}", "chosen": chosen,
-                          "candidates": [candidate_json(c) for c in cands]})
+                          "by_device": by_device, "candidates": [candidate_json(c) for c in cands]})
     return {
         "schema": SCHEMA,
         "opforge": __version__,
@@ -156,6 +164,14 @@ def collect(kinds=(), platform: Platform | None = None, prebuilt: prebuilt_mod.P
 
 
 # -- turning the dict into lines (shared by the plain and rich output) ----------------
+
+
+def _choice(k: dict) -> str:
+    """``bias_act_cuda (for cpu tensors: bias_act_avx512)``: the loader's pick, and the pick per
+    tensor device where that differs."""
+    best = k["chosen"] or "nothing"
+    other = [f"for {d} tensors: {n or 'nothing'}" for d, n in k.get("by_device", {}).items() if n != k["chosen"]]
+    return f"{best} ({'; '.join(other)})" if other else best
 
 
 def _yes_no(ok: bool) -> str:
@@ -261,7 +277,7 @@ def print_plain(data: dict, out=None) -> None:
     w(f"opforge {data['opforge']} report")
     for k in data["kinds"]:
         w()
-        w(f"{k['kind']} ({k['loader']}): chooses {k['chosen'] or 'nothing'}")
+        w(f"{k['kind']} ({k['loader']}): chooses {_choice(k)}")
         rows = [list(CANDIDATE_COLUMNS)] + [candidate_cells(c) for c in k["candidates"]]
         for line in aligned(rows):
             w(line)
@@ -284,7 +300,7 @@ def print_rich(data: dict, console=None) -> None:
 
     console = console or Console()
     for k in data["kinds"]:
-        table = Table(title=f"{k['kind']}: chooses {k['chosen'] or 'nothing'}", caption=k["loader"],
+        table = Table(title=f"{k['kind']}: chooses {_choice(k)}", caption=k["loader"],
                       title_justify="left")
         for col in CANDIDATE_COLUMNS:
             table.add_column(col, justify="right" if col == "priority" else "left",

@@ -32,16 +32,16 @@ import math
 
 import torch
 
-from ..kernels.bias_act import BiasActLoader
+from ..kernels.bias_act import dispatch
 from ..kernels.bias_act.activations import NAMES, Activation, lookup
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _kernel():
-    """The kernel for these tensors. One implementation serves every device for now; a
-    device-specific variant (CUDA, Triton) will be chosen here by the tensors' device."""
-    return BiasActLoader().load()
+def _kernel(t: torch.Tensor):
+    """The best implementation for tensors on ``t``'s device (``BiasActLoader``): the C++
+    variant of this CPU's ISA for CPU tensors, CUDA or Triton for GPU ones, else torch."""
+    return dispatch.implementation(t.device)
 
 
 def check(x: torch.Tensor, b: torch.Tensor | None, dim: int, spec: Activation, alpha: float, gain: float,
@@ -128,7 +128,7 @@ def _db_meta(b: torch.Tensor | None, need: bool, src: torch.Tensor) -> torch.Ten
 def _bias_act(x: torch.Tensor, b: torch.Tensor | None, dim: int, act: str, alpha: float, gain: float,
               clamp: float | None) -> torch.Tensor:
     dim = _checked(x, b, dim, act, alpha, gain, clamp)
-    return _kernel().forward(x, b, dim, act, alpha, gain, clamp)
+    return _kernel(x).forward(x, b, dim, act, alpha, gain, clamp)
 
 
 @_bias_act.register_fake
@@ -144,7 +144,7 @@ def _bias_act_backward(dy: torch.Tensor, x: torch.Tensor | None, b: torch.Tensor
     """``dx = dy * dy/d(x + b)`` and, with ``need_db``, ``db`` (``dx`` summed in fp32 over every
     dim but ``dim``). Give the tensors ``ref_for`` names: ``y``, or ``x`` and ``b``."""
     _check_saved(dy, x, b, y, dim, act, alpha, clamp)
-    return _kernel().backward(dy, x, b, y, dim % dy.ndim if dy.ndim else dim, act, alpha, gain, clamp, need_db)
+    return _kernel(dy).backward(dy, x, b, y, dim % dy.ndim if dy.ndim else dim, act, alpha, gain, clamp, need_db)
 
 
 @_bias_act_backward.register_fake
@@ -160,7 +160,7 @@ def _bias_act_backward2(s: torch.Tensor, dy: torch.Tensor, x: torch.Tensor | Non
     """The gradient of ``bias_act_backward``'s ``dx`` with respect to its ``y`` (or ``x``, and
     ``b`` with ``need_db``), given ``s``, the gradient flowing into ``dx``."""
     _check_saved(dy, x, b, y, dim, act, alpha, clamp)
-    return _kernel().backward2(s, dy, x, b, y, dim % dy.ndim if dy.ndim else dim, act, alpha, gain, clamp, need_db)
+    return _kernel(dy).backward2(s, dy, x, b, y, dim % dy.ndim if dy.ndim else dim, act, alpha, gain, clamp, need_db)
 
 
 @_bias_act_backward2.register_fake

@@ -1,8 +1,20 @@
-"""The bias_act variants, best first. Only the torch one so far; compiled and Triton variants
-implement the same three functions (``reference.py``'s contract) at a higher priority."""
+"""The bias_act variants, best first for each device: CUDA and Triton for GPU tensors, one C++
+variant per CPU ISA for CPU tensors, then torch for any device. C++/CUDA ops take the flat,
+one-layout tensors of ``compiled.py``; Triton and torch implement ``reference.py``'s contract."""
 
-from ...extension import TorchExtension
+from ...extension import CppExtension, TorchExtension
 from .loader import BiasActLoader
+
+
+class _BiasActCpp(CppExtension):
+    kind = "bias_act"
+    include_dirs = ("../common/csrc", "csrc")
+    sources = ("csrc/bias_act.cpp",)
+    stable_abi = "2.10"
+    openmp = True
+
+
+CPU_VARIANTS = BiasActLoader.register_cpu_variants(_BiasActCpp, "bias_act")
 
 
 @BiasActLoader.register_extension

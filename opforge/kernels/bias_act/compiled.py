@@ -1,0 +1,102 @@
+"""The ``bias_act`` contract (``reference.py``) over a compiled variant's ops (C++ or CUDA).
+
+The compiled ops take tensors that share one dense layout and walk them as flat arrays
+(``layout.py``); this adapter makes the outputs (``torch.empty_like`` of their source, as the
+fake implementations promise), brings the inputs to that layout, and reduces ``db``.
+fp64, a zero gain and the second derivative of an activation that has none go to the torch
+reference: they are for checking, or all zeros.
+
+The ops, registered by ``csrc/bias_act.cpp`` and ``csrc/bias_act_cuda.cu`` under the
+extension's namespace (``clamp < 0``: no clamp; ``act`` is ``Activation.index``; ``ref``
+0 none, 1 ``y``, 2 ``x``; ``clamp_ref`` the clamp as ``y``'s dtype holds it):
+
+* ``forward(Tensor x, Tensor? b, Tensor(a!) y, int channels, int inner, int act, float alpha,
+  float gain, float clamp) -> ()``
+* ``backward(Tensor dy, Tensor? ref, Tensor? b, Tensor(a!) dx, Tensor(b!)? db, int channels,
+  int inner, int act, int ref, float alpha, float gain, float clamp, float clamp_ref) -> ()``
+* ``backward2(Tensor s, Tensor dy, Tensor? ref, Tensor? b, Tensor(a!) out, Tensor(b!)? db, ...)``,
+  the same scalars.
+
+``db`` (fp32) is, for the C++ ops, the finished per-channel sum (``channels`` elements); for
+the CUDA ops, the sum of each run of one channel (``Geometry.rows`` elements), which is reduced
+here; with short runs (``inner < 8``) the CUDA ops get no ``db`` and it is reduced from ``dx``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference
+from .activations import lookup
+from .layout import bias32, clamp_as_stored, conform, flat, geometry
+
+REF_CODE = {"": 0, "y": 1, "x": 2}
+MIN_ROW = 8
+"""Shortest run of one channel for which the CUDA ops sum runs themselves."""
+
+
+class Compiled:
+    """``forward``, ``backward`` and ``backward2`` of the contract, on ``kernel``'s ops."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.ops = kernel.ops
+        self.name = kernel.name
+        self.row_sums = kernel.backend == "cuda"
+
+    def __repr__(self) -> str:
+        return f"<bias_act on {self.name}>"
+
+    def forward(self, x, b, dim, act, alpha, gain, clamp):
+        if x.dtype == torch.float64:
+            return reference.forward(x, b, dim, act, alpha, gain, clamp)
+        y = torch.empty_like(x)
+        if y.numel() == 0:
+            return y
+        g = geometry(y, dim, b is not None)
+        self.ops.forward(conform(x, y), bias32(b), y, g.channels, g.inner, lookup(act).index, alpha, gain,
+                         -1.0 if clamp is None else clamp)
+        return y
+
+    def backward(self, dy, x, b, y, dim, act, alpha, gain, clamp, need_db):
+        if dy.dtype == torch.float64 or gain == 0 or dy.numel() == 0:
+            return reference.backward(dy, x, b, y, dim, act, alpha, gain, clamp, need_db)
+        ref = lookup(act).ref_for(alpha, clamp)
+        dx = torch.empty_like(dy)
+        src = {"y": y, "x": x}.get(ref)
+        db = self._run(self.ops.backward, (conform(dy, dx),), src, b, dx, dim, act, ref, alpha, gain, clamp,
+                       need_db, y)
+        return dx, db
+
+    def backward2(self, s, dy, x, b, y, dim, act, alpha, gain, clamp, need_db):
+        spec = lookup(act)
+        ref = spec.ref_for(alpha, clamp)
+        if dy.dtype == torch.float64 or gain == 0 or not spec.has_2nd_grad or ref == "" or dy.numel() == 0:
+            return reference.backward2(s, dy, x, b, y, dim, act, alpha, gain, clamp, need_db)
+        src = y if ref == "y" else x
+        out = torch.empty_like(src)
+        db = self._run(self.ops.backward2, (conform(s, out), conform(dy, out)), src, b, out, dim, act, ref, alpha,
+                       gain, clamp, need_db and ref == "x", y)
+        return out, db
+
+    def _run(self, op, grads, src, b, out, dim, act, ref, alpha, gain, clamp, need_db, y):
+        g = geometry(out, dim, b is not None)
+        want_db = need_db and b is not None
+        db = None
+        if want_db and not self.row_sums:
+            db = torch.empty(g.channels, dtype=torch.float32, device=out.device)
+        elif want_db and g.inner >= MIN_ROW:
+            db = torch.empty(g.rows, dtype=torch.float32, device=out.device)
+        clamp_ref = clamp_as_stored(clamp, y.dtype) if ref == "y" else -1.0
+        op(*grads, None if src is None else conform(src, out), bias32(b) if ref == "x" else None, out, db,
+           g.channels, g.inner, lookup(act).index, REF_CODE[ref], alpha, gain, -1.0 if clamp is None else clamp,
+           clamp_ref)
+        if not want_db:
+            return reference._reduce(out, dim, b, False, out)
+        if not self.row_sums:
+            pass
+        elif db is not None:
+            db = db.view(-1, g.channels).sum(0)
+        else:
+            db = flat(out).view(-1, g.channels, g.inner).sum((0, 2), dtype=torch.float32)
+        return db.to(b.dtype)

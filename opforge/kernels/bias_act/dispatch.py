@@ -1,0 +1,35 @@
+"""Which ``bias_act`` implementation serves tensors on a device, as an object with the
+contract's three functions (``reference.py``): the loader's best for that device type, adapted
+(``compiled.py``) when it is a C++ or CUDA variant."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from .compiled import Compiled
+from .loader import BiasActLoader
+
+_ADAPTED: dict[str, object] = {}
+_LOCK = threading.Lock()
+
+
+def adapt(kernel):
+    """The contract over a loaded kernel: the module itself (torch, triton), or a ``Compiled``."""
+    if kernel.backend not in ("cpp", "cuda"):
+        return kernel.ops
+    with _LOCK:
+        found = _ADAPTED.get(kernel.name)
+        if found is None:
+            found = _ADAPTED[kernel.name] = Compiled(kernel)
+        return found
+
+
+def implementation(device: torch.device | str, ext_name: str | None = None):
+    """The implementation for tensors on ``device`` (``ext_name``: that one)."""
+    kind = device.type if isinstance(device, torch.device) else torch.device(device).type
+    return adapt(BiasActLoader().load(ext_name=ext_name, device=kind))
+
+
+__all__ = ["adapt", "implementation"]
