@@ -9,7 +9,8 @@ from .loader import BiasActLoader
 class _BiasActCpp(CppExtension):
     kind = "bias_act"
     include_dirs = ("../common/csrc", "csrc")
-    sources = ("csrc/bias_act.cpp",)
+    # the host code and three TUs of activation loops, built in parallel (bias_act_loops.h)
+    sources = ("csrc/bias_act.cpp", "csrc/bias_act_fwd.cpp", "csrc/bias_act_grad1.cpp", "csrc/bias_act_grad2.cpp")
     stable_abi = "2.10"
     openmp = True
 

@@ -20,6 +20,9 @@
 // (ref holds y or x). clamp_ref: the clamp as y's dtype holds it (|y| < clamp_ref: not
 // clamped). db: fp32, `channels` elements, the sum of dx (out) per channel.
 //
+// The activation loops and the dtype conversions are in bias_act_{fwd,grad1,grad2}.cpp (see
+// bias_act_loops.h); this file is the checks, the threads and the walk over blocks.
+//
 // Work: each thread takes one contiguous range of elements and walks it in blocks of
 // kBlock elements: load (converting to fp32) into stack buffers, add the bias run by run,
 // apply one activation's loop (a switch per block, not per element), store, and for db
@@ -41,12 +44,7 @@
 #include <omp.h>
 #endif
 
-#include "bias_act_math.h"
-#include "bias_act_vec.h"
-
-#ifndef OPFORGE_NS
-#define OPFORGE_NS opforge_bias_act_cpu
-#endif
+#include "bias_act_loops.h"
 
 namespace {
 
@@ -59,52 +57,6 @@ constexpr int64_t kBlock = 1024;          // elements per block: 4 KB per fp32 b
 constexpr int64_t kMinPerThread = 65536;  // below this, more threads cost more than they give
 constexpr int64_t kAlign = 64;            // thread ranges start on whole cache lines
 
-enum class DType { F32, BF16, F16 };
-
-struct Params {
-  int act, ref;
-  float alpha, gain, inv_gain, clamp, clamp_ref;
-  bool clamped;
-};
-
-// ---------------------------------------------------------------------------
-// Loads and stores of n elements of dtype D as fp32, padded with zeros to whole vectors.
-
-inline float bf16_to_f32(uint16_t h) { return bitcast<float>(static_cast<uint32_t>(h) << 16); }
-inline uint16_t f32_to_bf16(float f) {  // round to nearest even; NaN stays a (quiet) NaN
-  const uint32_t x = bitcast<uint32_t>(f);
-  const uint32_t r = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
-  return static_cast<uint16_t>((x & 0x7FFFFFFFu) > 0x7F800000u ? (x >> 16) | 0x40u : r);
-}
-
-template <DType D>
-inline void load(const void* base, int64_t k, int64_t n, float* __restrict__ buf) {
-  if constexpr (D == DType::F32) {
-    const float* p = static_cast<const float*>(base) + k;
-    for (int64_t i = 0; i < n; ++i) buf[i] = p[i];
-  } else if constexpr (D == DType::BF16) {
-    const uint16_t* p = static_cast<const uint16_t*>(base) + k;
-    for (int64_t i = 0; i < n; ++i) buf[i] = bf16_to_f32(p[i]);
-  } else {
-    const _Float16* p = static_cast<const _Float16*>(base) + k;
-    for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<float>(p[i]);
-  }
-  for (int64_t i = n; i < (n + W - 1) / W * W; ++i) buf[i] = 0.0f;
-}
-
-template <DType D>
-inline void store(void* base, int64_t k, int64_t n, const float* __restrict__ buf) {
-  if constexpr (D == DType::F32) {
-    float* p = static_cast<float*>(base) + k;
-    for (int64_t i = 0; i < n; ++i) p[i] = buf[i];
-  } else if constexpr (D == DType::BF16) {
-    uint16_t* p = static_cast<uint16_t*>(base) + k;
-    for (int64_t i = 0; i < n; ++i) p[i] = f32_to_bf16(buf[i]);
-  } else {
-    _Float16* p = static_cast<_Float16*>(base) + k;
-    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<_Float16>(buf[i]);
-  }
-}
 
 // ---------------------------------------------------------------------------
 // Runs of one channel. For elements [k, k + n): calls run(i, len, c) for each run of `len`
@@ -161,85 +113,6 @@ inline void add_sums(const Geometry& g, int64_t k, int64_t n, const float* __res
         for (int64_t j = 0; j < len; ++j) acc[c + j] += d[i + j];
       });
 }
-
-// ---------------------------------------------------------------------------
-// The per-block activation loops over fp32 buffers of nv vectors.
-
-inline VF ld(const float* p) { VF v; std::memcpy(&v, p, sizeof v); return v; }
-inline void st(float* p, VF v) { std::memcpy(p, &v, sizeof v); }
-
-inline VF clamp_to(VF u, float c) {  // NaN passes
-  return u > c ? splat(c) : (u < -c ? splat(-c) : u);
-}
-
-template <int A>
-void fwd_loop(float* __restrict__ buf, int64_t nv, const Params& p) {
-  for (int64_t i = 0; i < nv; ++i) {
-    VF u = value<A, VecMath>(ld(buf + i * W), p.alpha) * p.gain;
-    if (p.clamped) u = clamp_to(u, p.clamp);
-    st(buf + i * W, u);
-  }
-}
-
-// ORDER 1: g := g * d y / d v. ORDER 2: g := g * d/dref (d y / d v). r holds y or x + b.
-template <int A, int R, int ORDER>
-void grad_loop(float* __restrict__ g, const float* __restrict__ r, int64_t nv, const Params& p) {
-  for (int64_t i = 0; i < nv; ++i) {
-    const VF gi = ld(g + i * W);
-    VF d;
-    if constexpr (R == kRefNone) {
-      d = gi * p.gain;
-    } else if constexpr (R == kRefY) {
-      const VF y = ld(r + i * W);
-      const VF a = y * p.inv_gain;
-      if constexpr (ORDER == 1) d = gi * (d_from_value<A, VecMath>(a, p.alpha) * p.gain);
-      else d = gi * d2_from_value<A, VecMath>(a);
-      if (p.clamped) d = vabs(y) < p.clamp_ref ? d : VF{};
-    } else {
-      const VF v = ld(r + i * W);
-      if constexpr (ORDER == 1) d = gi * (d_from_pre<A, VecMath>(v, p.alpha) * p.gain);
-      else d = gi * (d2_from_pre<A, VecMath>(v, p.alpha) * p.gain);
-      if (p.clamped) d = vabs(value<A, VecMath>(v, p.alpha) * p.gain) < p.clamp ? d : VF{};
-    }
-    st(g + i * W, d);
-  }
-}
-
-using FwdLoop = void (*)(float*, int64_t, const Params&);
-using GradLoop = void (*)(float*, const float*, int64_t, const Params&);
-
-template <int A>
-constexpr GradLoop grad_fn(int ref, int order) {
-  if (ref == kRefNone) return order == 1 ? &grad_loop<A, kRefNone, 1> : nullptr;
-  if (order == 1 && ref == kRefY) {
-    if constexpr (has_d_from_value(A)) return &grad_loop<A, kRefY, 1>;
-  }
-  if (order == 1 && ref == kRefX) {
-    if constexpr (has_d_from_pre(A)) return &grad_loop<A, kRefX, 1>;
-  }
-  if (order == 2 && ref == kRefY) {
-    if constexpr (has_d2_from_value(A)) return &grad_loop<A, kRefY, 2>;
-  }
-  if (order == 2 && ref == kRefX) {
-    if constexpr (has_d2_from_pre(A)) return &grad_loop<A, kRefX, 2>;
-  }
-  return nullptr;
-}
-
-template <int... As>
-struct Table {
-  static FwdLoop fwd(int act) {
-    FwdLoop f = nullptr;
-    ((act == As ? (f = &fwd_loop<As>, 0) : 0), ...);
-    return f;
-  }
-  static GradLoop grad(int act, int ref, int order) {
-    GradLoop f = nullptr;
-    ((act == As ? (f = grad_fn<As>(ref, order), 0) : 0), ...);
-    return f;
-  }
-};
-using Acts = Table<kLinear, kRelu, kLrelu, kTanh, kSigmoid, kElu, kSelu, kSoftplus, kSwish, kGelu, kGeluTanh>;
 
 // ---------------------------------------------------------------------------
 // Threads: one contiguous, cache-line aligned range of elements each.
@@ -314,17 +187,18 @@ Params params(const char* op, int64_t channels, int64_t inner, int64_t act, int6
 // ---------------------------------------------------------------------------
 // forward
 
-template <DType D>
-void forward_impl(const void* x, const float* b, void* y, int64_t numel, Geometry g, const Params& p) {
-  const FwdLoop loop = Acts::fwd(p.act);
+void forward_impl(DType d, const void* x, const float* b, void* y, int64_t numel, Geometry g, const Params& p) {
+  const FwdLoop loop = OPFORGE_NS::fwd_loop_for(p.act);
+  const LoadFn load = OPFORGE_NS::load_for(d);
+  const StoreFn store = OPFORGE_NS::store_for(d);
   parallel(numel, threads_for(numel), [&](int, int64_t lo, int64_t hi) {
     alignas(64) float buf[kBlock];
     for (int64_t k = lo; k < hi; k += kBlock) {
       const int64_t n = std::min(kBlock, hi - k);
-      load<D>(x, k, n, buf);
+      load(x, k, n, buf);
       if (b) add_bias(g, k, n, b, buf);
       loop(buf, (n + W - 1) / W, p);
-      store<D>(y, k, n, buf);
+      store(y, k, n, buf);
     }
   });
 }
@@ -341,37 +215,34 @@ void forward(Tensor x, std::optional<Tensor> b, Tensor y, int64_t channels, int6
   const float* bp = check_f32(b, op, "b", channels);
   const Geometry g{channels, inner};
   if (n == 0) return;
-  switch (d) {
-    case DType::F32: return forward_impl<DType::F32>(x.data_ptr(), bp, y.data_ptr(), n, g, p);
-    case DType::BF16: return forward_impl<DType::BF16>(x.data_ptr(), bp, y.data_ptr(), n, g, p);
-    case DType::F16: return forward_impl<DType::F16>(x.data_ptr(), bp, y.data_ptr(), n, g, p);
-  }
+  forward_impl(d, x.data_ptr(), bp, y.data_ptr(), n, g, p);
 }
 
 // ---------------------------------------------------------------------------
 // backward (ORDER 1) and backward2 (ORDER 2): out = s * dy * ..., s only for ORDER 2.
 
-template <DType D, int ORDER>
-void grad_impl(const void* s, const void* dy, const void* ref, const float* b, void* out, float* db,
+void grad_impl(DType dt, const void* s, const void* dy, const void* ref, const float* b, void* out, float* db,
                int64_t numel, Geometry g, const Params& p, GradLoop loop) {
   const int threads = threads_for(numel);
+  const LoadFn load = OPFORGE_NS::load_for(dt);
+  const StoreFn store = OPFORGE_NS::store_for(dt);
   std::vector<double> acc(db ? static_cast<size_t>(threads) * g.channels : 0, 0.0);
   parallel(numel, threads, [&](int t, int64_t lo, int64_t hi) {
     alignas(64) float gb[kBlock], rb[kBlock], sb[kBlock];
     double* mine = db ? acc.data() + static_cast<size_t>(t) * g.channels : nullptr;
     for (int64_t k = lo; k < hi; k += kBlock) {
       const int64_t n = std::min(kBlock, hi - k), nv = (n + W - 1) / W;
-      load<D>(dy, k, n, gb);
-      if constexpr (ORDER == 2) {
-        load<D>(s, k, n, sb);
+      load(dy, k, n, gb);
+      if (s) {
+        load(s, k, n, sb);
         for (int64_t i = 0; i < nv * W; ++i) gb[i] *= sb[i];
       }
       if (ref) {
-        load<D>(ref, k, n, rb);
+        load(ref, k, n, rb);
         if (p.ref == kRefX && b) add_bias(g, k, n, b, rb);
       }
       loop(gb, rb, nv, p);
-      store<D>(out, k, n, gb);
+      store(out, k, n, gb);
       if (mine) add_sums(g, k, n, gb, mine);
     }
   });
@@ -390,7 +261,7 @@ void grad(const char* op, const std::optional<Tensor>& s, const Tensor& dy, cons
           int64_t inner, int64_t act, int64_t ref_kind, double alpha, double gain, double clamp,
           double clamp_ref) {
   const Params p = params(op, channels, inner, act, ref_kind, alpha, gain, clamp, clamp_ref);
-  const GradLoop loop = Acts::grad(p.act, p.ref, ORDER);
+  const GradLoop loop = ORDER == 1 ? OPFORGE_NS::grad1_loop_for(p.act, p.ref) : OPFORGE_NS::grad2_loop_for(p.act, p.ref);
   STD_TORCH_CHECK(loop != nullptr, op, ": activation id ", act, " has no ", ORDER == 1 ? "first" : "second",
                   " derivative kernel from ref ", ref_kind);
   const int64_t n = dy.numel();
@@ -416,11 +287,7 @@ void grad(const char* op, const std::optional<Tensor>& s, const Tensor& dy, cons
   }
   const void* sp = s ? s->data_ptr() : nullptr;
   const void* rp = ref ? ref->data_ptr() : nullptr;
-  switch (d) {
-    case DType::F32: return grad_impl<DType::F32, ORDER>(sp, dy.data_ptr(), rp, bp, out.data_ptr(), dbp, n, g, p, loop);
-    case DType::BF16: return grad_impl<DType::BF16, ORDER>(sp, dy.data_ptr(), rp, bp, out.data_ptr(), dbp, n, g, p, loop);
-    case DType::F16: return grad_impl<DType::F16, ORDER>(sp, dy.data_ptr(), rp, bp, out.data_ptr(), dbp, n, g, p, loop);
-  }
+  grad_impl(d, sp, dy.data_ptr(), rp, bp, out.data_ptr(), dbp, n, g, p, loop);
 }
 
 void backward(Tensor dy, std::optional<Tensor> ref, std::optional<Tensor> b, Tensor dx, std::optional<Tensor> db,
