@@ -109,7 +109,22 @@ def bias_act(x: torch.Tensor, b: torch.Tensor | None = None, dim: int = 1, act: 
     spec, alpha, gain = _resolve(act, alpha, gain)
     clamp = None if clamp is None else float(clamp)
     dim = check(x, b, dim, spec, alpha, gain, clamp)
+    if _eager(x, b):
+        impl = _kernel(x)
+        if torch.is_grad_enabled() and (x.requires_grad or (b is not None and b.requires_grad)):
+            return _Forward.apply(x, b, dim, spec.name, alpha, gain, clamp, impl)
+        return impl.forward(x, b, dim, spec.name, alpha, gain, clamp)
     return torch.ops.opforge.bias_act(x, b, dim, spec.name, alpha, gain, clamp)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _eager(x: torch.Tensor, b: torch.Tensor | None) -> bool:
+    """Plain tensors outside torch.compile: the fast path (``_Forward``), which skips the custom
+    op's Python dispatch (tens of microseconds a call, which is the whole time of a small
+    tensor). Under torch.compile, and for fake or subclassed tensors, the custom op."""
+    return type(x) in _PLAIN and (b is None or type(b) in _PLAIN) and not torch.compiler.is_compiling()
 
 
 # -- the custom ops --
@@ -213,9 +228,14 @@ def _setup_backward(ctx, inputs, output):
 
 
 def _backward_backward(ctx, gdx, gdb):
+    return _double(ctx, gdx, gdb, torch.ops.opforge.bias_act_backward, torch.ops.opforge.bias_act_backward2)
+
+
+def _double(ctx, gdx, gdb, backward, backward2):
     """``dx = dy * h(ref)`` and ``db = sum(dx)``: the gradient into ``dy`` is ``s * h`` (``s`` =
     ``gdx`` plus ``gdb`` broadcast along ``dim``), a first backward of ``s``; into ``ref``, it is
-    ``s * dy * h'(ref)``, ``bias_act_backward2``."""
+    ``s * dy * h'(ref)``, ``backward2``. ``backward``/``backward2``: the ops (custom op or
+    ``_Backward``/``_Backward2``), with the custom ops' arguments."""
     dy, x, b, y = ctx.saved_tensors
     dim, act, alpha, gain, clamp = ctx.args
     s = gdx
@@ -223,14 +243,14 @@ def _backward_backward(ctx, gdx, gdb):
         s = s + gdb.to(s.dtype).reshape([-1 if i == dim else 1 for i in range(s.ndim)])
     d_dy = None
     if ctx.needs_input_grad[0]:
-        d_dy = torch.ops.opforge.bias_act_backward(s, x, b, y, dim, act, alpha, gain, clamp, False)[0]
+        d_dy = backward(s, x, b, y, dim, act, alpha, gain, clamp, False)[0]
     spec = lookup(act)
     ref = spec.ref_for(alpha, clamp)
     d_x = d_b = d_y = None
     wants = {"x": ctx.needs_input_grad[1] or ctx.needs_input_grad[2], "y": ctx.needs_input_grad[3]}.get(ref, False)
     if spec.has_2nd_grad and wants:
         need_db = ref == "x" and b is not None and ctx.needs_input_grad[2]
-        dref, db = torch.ops.opforge.bias_act_backward2(s, dy, x, b, y, dim, act, alpha, gain, clamp, need_db)
+        dref, db = backward2(s, dy, x, b, y, dim, act, alpha, gain, clamp, need_db)
         if ref == "x":
             d_x, d_b = dref, (db if need_db else None)
         else:
@@ -246,5 +266,49 @@ def _no_third(ctx, *grads):
 
 
 _bias_act_backward2.register_autograd(_no_third, setup_context=lambda ctx, inputs, output: None)
+
+
+# -- the eager fast path: the same autograd as the custom ops, through autograd.Function --
+
+class _Forward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, b, dim, act, alpha, gain, clamp, impl):
+        y = impl.forward(x, b, dim, act, alpha, gain, clamp)
+        ctx.impl = impl
+        _setup(ctx, (x, b, dim, act, alpha, gain, clamp), y)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, b, y = ctx.saved_tensors
+        need_dx, need_db = ctx.needs_input_grad[0], b is not None and ctx.needs_input_grad[1]
+        if not (need_dx or need_db):
+            return (None,) * 8
+        dx, db = _Backward.apply(dy, x, b, y, *ctx.args, need_db, ctx.impl)
+        return dx if need_dx else None, db if need_db else None, None, None, None, None, None, None
+
+
+class _Backward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, dy, x, b, y, dim, act, alpha, gain, clamp, need_db, impl):
+        ctx.impl = impl
+        _setup_backward(ctx, (dy, x, b, y, dim, act, alpha, gain, clamp, need_db), None)
+        return impl.backward(dy, x, b, y, dim, act, alpha, gain, clamp, need_db)
+
+    @staticmethod
+    def backward(ctx, gdx, gdb):
+        impl = ctx.impl
+        grads = _double(ctx, gdx, gdb, lambda *a: _Backward.apply(*a, impl), lambda *a: _Backward2.apply(*a, impl))
+        return (*grads, None)
+
+
+class _Backward2(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, s, dy, x, b, y, dim, act, alpha, gain, clamp, need_db, impl):
+        return impl.backward2(s, dy, x, b, y, dim, act, alpha, gain, clamp, need_db)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        _no_third(ctx)
 
 __all__ = ["NAMES", "bias_act", "check"]

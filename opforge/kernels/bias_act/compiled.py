@@ -92,11 +92,8 @@ class Compiled:
            g.channels, g.inner, lookup(act).index, REF_CODE[ref], alpha, gain, -1.0 if clamp is None else clamp,
            clamp_ref)
         if not want_db:
-            return reference._reduce(out, dim, b, False, out)
-        if not self.row_sums:
-            pass
-        elif db is not None:
-            db = db.view(-1, g.channels).sum(0)
-        else:
-            db = flat(out).view(-1, g.channels, g.inner).sum((0, 2), dtype=torch.float32)
-        return db.to(b.dtype)
+            return out.new_empty(0, dtype=b.dtype if b is not None else out.dtype)
+        if self.row_sums:  # reduce the CUDA ops' per-run sums, or dx itself for short runs
+            db = db.view(-1, g.channels).sum(0) if db is not None else \
+                flat(out).view(-1, g.channels, g.inner).sum((0, 2), dtype=torch.float32)
+        return db if db.dtype == b.dtype else db.to(b.dtype)

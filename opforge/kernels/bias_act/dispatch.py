@@ -26,10 +26,24 @@ def adapt(kernel):
         return found
 
 
+_BY_DEVICE: dict[str, object] = {}
+
+
 def implementation(device: torch.device | str, ext_name: str | None = None):
-    """The implementation for tensors on ``device`` (``ext_name``: that one)."""
+    """The implementation for tensors on ``device`` (``ext_name``: that one). The loader's
+    choice per device type is kept for the process (``forget()`` drops it)."""
     kind = device.type if isinstance(device, torch.device) else torch.device(device).type
+    if ext_name is None:
+        found = _BY_DEVICE.get(kind)
+        if found is None:
+            found = _BY_DEVICE[kind] = adapt(BiasActLoader().load(device=kind))
+        return found
     return adapt(BiasActLoader().load(ext_name=ext_name, device=kind))
 
 
-__all__ = ["adapt", "implementation"]
+def forget() -> None:
+    """Choose again at the next call (after ``opforge.loader.clear_cache()``, in tests)."""
+    _BY_DEVICE.clear()
+
+
+__all__ = ["adapt", "forget", "implementation"]

@@ -20,6 +20,7 @@ Geometry(numel=120, channels=1, inner=1)
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -63,9 +64,12 @@ def flat(t: torch.Tensor) -> torch.Tensor:
 
 def bias32(b: torch.Tensor | None) -> torch.Tensor | None:
     """The bias as the kernels read it: fp32, contiguous."""
-    return None if b is None else b.to(torch.float32).contiguous()
+    if b is None or (b.dtype == torch.float32 and b.is_contiguous()):
+        return b
+    return b.to(torch.float32).contiguous()
 
 
+@functools.lru_cache(maxsize=256)
 def clamp_as_stored(clamp: float | None, dtype: torch.dtype) -> float:
     """The clamp as a value of ``dtype`` (what a clamped ``y`` holds), as a float; -1 for none.
     The backward from ``y`` compares ``|y|`` with it to find the clamped elements."""
