@@ -110,8 +110,15 @@ def counting_cxx(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def shared_cache(tmp_path_factory):
-    """One cache for the whole session, for builds that include torch's headers."""
-    return tmp_path_factory.mktemp("shared-cache")
+    """One cache for the whole session, for builds that include torch's headers. Under
+    pytest-xdist, one for all the workers (their base temp dirs share a parent): opforge's
+    build lock makes it one build of each extension, as for any N processes."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    path = base / "shared-cache"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
 
 
 def run_python(code: str, env: dict | None = None, timeout: float = 300, **kw) -> subprocess.CompletedProcess:

@@ -41,12 +41,25 @@ FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 def _kernel(t: torch.Tensor):
     """The best implementation for tensors on ``t``'s device (``BiasActLoader``): the C++
     variant of this CPU's ISA for CPU tensors, CUDA or Triton for GPU ones, else torch."""
-    return dispatch.implementation(t.device)
+    return dispatch.for_tensor(t)
 
 
 def check(x: torch.Tensor, b: torch.Tensor | None, dim: int, spec: Activation, alpha: float, gain: float,
           clamp: float | None) -> int:
     """Raise on bad arguments (saying what to do); return ``dim``, made non-negative."""
+    check_scalars(alpha, gain, clamp)
+    return check_tensors(x, b, dim)
+
+
+def check_scalars(alpha: float, gain: float, clamp: float | None) -> None:
+    if clamp is not None and not clamp >= 0:  # also catches NaN
+        raise ValueError(f"bias_act: clamp must be None (no clamping) or >= 0, got {clamp}")
+    if not (abs(gain) < math.inf and abs(alpha) < math.inf):  # also NaN; math.isfinite would break a dynamic graph
+        raise ValueError(f"bias_act: gain and alpha must be finite, got gain={gain}, alpha={alpha}")
+
+
+def check_tensors(x: torch.Tensor, b: torch.Tensor | None, dim: int) -> int:
+    """The checks that depend on the tensors (every call); return ``dim``, made non-negative."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"bias_act: x must be a tensor, got {type(x).__name__}")
     if x.dtype not in FLOATS:
@@ -54,10 +67,6 @@ def check(x: torch.Tensor, b: torch.Tensor | None, dim: int, spec: Activation, a
                         f"convert it first, e.g. x.float()")
     if x.layout != torch.strided:
         raise ValueError(f"bias_act: x must be a dense (strided) tensor, got {x.layout}: use x.to_dense()")
-    if clamp is not None and not clamp >= 0:  # also catches NaN
-        raise ValueError(f"bias_act: clamp must be None (no clamping) or >= 0, got {clamp}")
-    if not (abs(gain) < math.inf and abs(alpha) < math.inf):  # also NaN; math.isfinite would break a dynamic graph
-        raise ValueError(f"bias_act: gain and alpha must be finite, got gain={gain}, alpha={alpha}")
     if b is None:
         return dim
     if not isinstance(b, torch.Tensor):
@@ -106,25 +115,39 @@ def bias_act(x: torch.Tensor, b: torch.Tensor | None = None, dim: int = 1, act: 
     >>> bias_act(torch.tensor([[-1.0, 2.0]]), torch.tensor([0.5]), dim=0, act="relu", gain=1.0)
     tensor([[0.0000, 2.5000]])
     """
-    spec, alpha, gain = _resolve(act, alpha, gain)
-    clamp = None if clamp is None else float(clamp)
-    dim = check(x, b, dim, spec, alpha, gain, clamp)
-    if _eager(x, b):
+    if torch.compiler.is_compiling():  # traced: the custom op, no process-wide state
+        spec, alpha, gain = _resolve(act, alpha, gain)
+        clamp = None if clamp is None else float(clamp)
+        dim = check(x, b, dim, spec, alpha, gain, clamp)
+        return torch.ops.opforge.bias_act(x, b, dim, spec.name, alpha, gain, clamp)
+    key = (act, alpha, gain, clamp)
+    try:
+        spec, alpha, gain, clamp = _RESOLVED[key]
+    except (KeyError, TypeError):  # TypeError: an unhashable argument; _resolve says what is wrong
+        spec, alpha, gain = _resolve(act, alpha, gain)
+        clamp = None if clamp is None else float(clamp)
+        check_scalars(alpha, gain, clamp)
+        if len(_RESOLVED) < 1024 and isinstance(act, str):
+            _RESOLVED[key] = spec, alpha, gain, clamp
+    dim = check_tensors(x, b, dim)
+    if type(x) in _PLAIN and (b is None or type(b) in _PLAIN):
         impl = _kernel(x)
+        call = (dim, spec.name, alpha, gain, clamp)
         if torch.is_grad_enabled() and (x.requires_grad or (b is not None and b.requires_grad)):
-            return _Forward.apply(x, b, dim, spec.name, alpha, gain, clamp, impl)
-        return impl.forward(x, b, dim, spec.name, alpha, gain, clamp)
+            return _Forward.apply(x, b, (call, impl))
+        return impl.forward(x, b, *call)
     return torch.ops.opforge.bias_act(x, b, dim, spec.name, alpha, gain, clamp)
 
 
+_RESOLVED: dict[tuple, tuple] = {}
+"""(act, alpha, gain, clamp) as given -> (Activation, alpha, gain, clamp) resolved and checked:
+a call's defaults, lookups and scalar checks are worked out once (the tensors' every call)."""
+
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
-def _eager(x: torch.Tensor, b: torch.Tensor | None) -> bool:
-    """Plain tensors outside torch.compile: the fast path (``_Forward``), which skips the custom
-    op's Python dispatch (tens of microseconds a call, which is the whole time of a small
-    tensor). Under torch.compile, and for fake or subclassed tensors, the custom op."""
-    return type(x) in _PLAIN and (b is None or type(b) in _PLAIN) and not torch.compiler.is_compiling()
+"""Plain tensors outside torch.compile take the fast path (the kernel's own functions, and
+``_Forward`` for autograd), which skips the custom op's Python dispatch (tens of microseconds a
+call: the whole time of a small tensor). Under torch.compile, and for fake or subclassed
+tensors, the custom op."""
 
 
 # -- the custom ops --
@@ -269,13 +292,16 @@ _bias_act_backward2.register_autograd(_no_third, setup_context=lambda ctx, input
 
 
 # -- the eager fast path: the same autograd as the custom ops, through autograd.Function --
+# Each Function takes its scalars packed in one tuple (``cfg``): autograd.Function.apply
+# inspects every argument, and a call is short enough for that to show.
 
 class _Forward(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, b, dim, act, alpha, gain, clamp, impl):
-        y = impl.forward(x, b, dim, act, alpha, gain, clamp)
+    def forward(ctx, x, b, cfg):
+        call, impl = cfg  # call: (dim, act, alpha, gain, clamp)
+        y = impl.forward(x, b, *call)
         ctx.impl = impl
-        _setup(ctx, (x, b, dim, act, alpha, gain, clamp), y)
+        _setup(ctx, (x, b, *call), y)
         return y
 
     @staticmethod
@@ -283,32 +309,46 @@ class _Forward(torch.autograd.Function):
         x, b, y = ctx.saved_tensors
         need_dx, need_db = ctx.needs_input_grad[0], b is not None and ctx.needs_input_grad[1]
         if not (need_dx or need_db):
-            return (None,) * 8
-        dx, db = _Backward.apply(dy, x, b, y, *ctx.args, need_db, ctx.impl)
-        return dx if need_dx else None, db if need_db else None, None, None, None, None, None, None
+            return None, None, None
+        if torch.is_grad_enabled():  # create_graph: differentiable, through _Backward
+            dx, db = _Backward.apply(dy, x, b, y, (ctx.args, need_db, ctx.impl))
+        else:
+            dx, db = ctx.impl.backward(dy, x, b, y, *ctx.args, need_db)
+        return dx if need_dx else None, db if need_db else None, None
+
+
+def _backward_fn(impl):
+    """``bias_act_backward``'s signature over ``_Backward``, for ``_double``."""
+    return lambda dy, x, b, y, *rest: _Backward.apply(dy, x, b, y, (rest[:5], rest[5], impl))
+
+
+def _backward2_fn(impl):
+    return lambda s, dy, x, b, y, *rest: _Backward2.apply(s, dy, x, b, y, (rest[:5], rest[5], impl))
 
 
 class _Backward(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, dy, x, b, y, dim, act, alpha, gain, clamp, need_db, impl):
+    def forward(ctx, dy, x, b, y, cfg):
+        call, need_db, impl = cfg
         ctx.impl = impl
-        _setup_backward(ctx, (dy, x, b, y, dim, act, alpha, gain, clamp, need_db), None)
-        return impl.backward(dy, x, b, y, dim, act, alpha, gain, clamp, need_db)
+        _setup_backward(ctx, (dy, x, b, y, *call, need_db), None)
+        return impl.backward(dy, x, b, y, *call, need_db)
 
     @staticmethod
     def backward(ctx, gdx, gdb):
-        impl = ctx.impl
-        grads = _double(ctx, gdx, gdb, lambda *a: _Backward.apply(*a, impl), lambda *a: _Backward2.apply(*a, impl))
-        return (*grads, None)
+        grads = _double(ctx, gdx, gdb, _backward_fn(ctx.impl), _backward2_fn(ctx.impl))
+        return (*grads[:4], None)
 
 
 class _Backward2(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, s, dy, x, b, y, dim, act, alpha, gain, clamp, need_db, impl):
-        return impl.backward2(s, dy, x, b, y, dim, act, alpha, gain, clamp, need_db)
+    def forward(ctx, s, dy, x, b, y, cfg):
+        call, need_db, impl = cfg
+        return impl.backward2(s, dy, x, b, y, *call, need_db)
 
     @staticmethod
     def backward(ctx, *grads):
         _no_third(ctx)
+
 
 __all__ = ["NAMES", "bias_act", "check"]

@@ -2,11 +2,11 @@
 
 The compiled ops take tensors that share one dense layout and walk them as flat arrays
 (``layout.py``); this adapter makes the outputs (``torch.empty_like`` of their source, as the
-fake implementations promise), brings the inputs to that layout, and reduces ``db``.
+fake implementations promise), brings the inputs to that layout, and gives ``db`` ``b``'s dtype.
 fp64, a zero gain and the second derivative of an activation that has none go to the torch
 reference: they are for checking, or all zeros.
 
-The ops, registered by ``csrc/bias_act.cpp`` and ``csrc/bias_act_cuda.cu`` under the
+The ops, registered by ``csrc/bias_act.cpp`` and ``csrc/bias_act_cuda.cpp`` under the
 extension's namespace (``clamp < 0``: no clamp; ``act`` is ``Activation.index``; ``ref``
 0 none, 1 ``y``, 2 ``x``; ``clamp_ref`` the clamp as ``y``'s dtype holds it):
 
@@ -17,9 +17,10 @@ extension's namespace (``clamp < 0``: no clamp; ``act`` is ``Activation.index``;
 * ``backward2(Tensor s, Tensor dy, Tensor? ref, Tensor? b, Tensor(a!) out, Tensor(b!)? db, ...)``,
   the same scalars.
 
-``db`` (fp32) is, for the C++ ops, the finished per-channel sum (``channels`` elements); for
-the CUDA ops, the sum of each run of one channel (``Geometry.rows`` elements), which is reduced
-here; with short runs (``inner < 8``) the CUDA ops get no ``db`` and it is reduced from ``dx``.
+``b`` is fp32 for the C++ ops, and float32, float16 or bfloat16 as given for the CUDA ops
+(``Compiled.any_bias_dtype``: no conversion kernel per call); ``db`` (``channels`` elements)
+gets the finished per-channel sums of the unrounded values, summed in fp32 (fp64 on the CPU)
+in a fixed order, in fp32 for the C++ ops and in ``b``'s dtype for the CUDA ops.
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from .activations import lookup
-from .layout import bias32, clamp_as_stored, conform, flat, geometry
+from .activations import ACTIVATIONS, lookup
+from .layout import bias32, clamp_as_stored, conform, geometry
 
 REF_CODE = {"": 0, "y": 1, "x": 2}
-MIN_ROW = 8
-"""Shortest run of one channel for which the CUDA ops sum runs themselves."""
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+INDEX = {name: a.index for name, a in ACTIVATIONS.items()}
 
 
 class Compiled:
@@ -42,7 +43,8 @@ class Compiled:
         self.kernel = kernel
         self.ops = kernel.ops
         self.name = kernel.name
-        self.row_sums = kernel.backend == "cuda"
+        self.any_bias_dtype = kernel.backend == "cuda"
+        self._forward = kernel.ops.forward
 
     def __repr__(self) -> str:
         return f"<bias_act on {self.name}>"
@@ -54,8 +56,8 @@ class Compiled:
         if y.numel() == 0:
             return y
         g = geometry(y, dim, b is not None)
-        self.ops.forward(conform(x, y), bias32(b), y, g.channels, g.inner, lookup(act).index, alpha, gain,
-                         -1.0 if clamp is None else clamp)
+        self._forward(x if x.stride() == y.stride() else conform(x, y), self._bias(b), y, g.channels, g.inner,
+                      INDEX[act], alpha, gain, -1.0 if clamp is None else clamp)
         return y
 
     def backward(self, dy, x, b, y, dim, act, alpha, gain, clamp, need_db):
@@ -79,21 +81,21 @@ class Compiled:
                        gain, clamp, need_db and ref == "x", y)
         return out, db
 
+    def _bias(self, b):
+        if self.any_bias_dtype and b is not None and b.dtype in KERNEL_DTYPES and b.is_contiguous():
+            return b
+        return bias32(b)
+
     def _run(self, op, grads, src, b, out, dim, act, ref, alpha, gain, clamp, need_db, y):
         g = geometry(out, dim, b is not None)
-        want_db = need_db and b is not None
         db = None
-        if want_db and not self.row_sums:
-            db = torch.empty(g.channels, dtype=torch.float32, device=out.device)
-        elif want_db and g.inner >= MIN_ROW:
-            db = torch.empty(g.rows, dtype=torch.float32, device=out.device)
+        if need_db and b is not None:
+            db_dtype = b.dtype if self.any_bias_dtype and b.dtype in KERNEL_DTYPES else torch.float32
+            db = torch.empty(g.channels, dtype=db_dtype, device=out.device)
         clamp_ref = clamp_as_stored(clamp, y.dtype) if ref == "y" else -1.0
-        op(*grads, None if src is None else conform(src, out), bias32(b) if ref == "x" else None, out, db,
-           g.channels, g.inner, lookup(act).index, REF_CODE[ref], alpha, gain, -1.0 if clamp is None else clamp,
+        op(*grads, None if src is None else conform(src, out), self._bias(b) if ref == "x" else None, out, db,
+           g.channels, g.inner, INDEX[act], REF_CODE[ref], alpha, gain, -1.0 if clamp is None else clamp,
            clamp_ref)
-        if not want_db:
+        if db is None:
             return out.new_empty(0, dtype=b.dtype if b is not None else out.dtype)
-        if self.row_sums:  # reduce the CUDA ops' per-run sums, or dx itself for short runs
-            db = db.view(-1, g.channels).sum(0) if db is not None else \
-                flat(out).view(-1, g.channels, g.inner).sum((0, 2), dtype=torch.float32)
         return db if db.dtype == b.dtype else db.to(b.dtype)

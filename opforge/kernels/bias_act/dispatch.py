@@ -41,9 +41,15 @@ def implementation(device: torch.device | str, ext_name: str | None = None):
     return adapt(BiasActLoader().load(ext_name=ext_name, device=kind))
 
 
+def for_tensor(t: torch.Tensor):
+    """``implementation(t.device)``, with the kept choice looked up first (the per-call path)."""
+    found = _BY_DEVICE.get(t.device.type)
+    return found if found is not None else implementation(t.device)
+
+
 def forget() -> None:
     """Choose again at the next call (after ``opforge.loader.clear_cache()``, in tests)."""
     _BY_DEVICE.clear()
 
 
-__all__ = ["adapt", "forget", "implementation"]
+__all__ = ["adapt", "for_tensor", "forget", "implementation"]

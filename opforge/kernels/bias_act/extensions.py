@@ -2,7 +2,7 @@
 variant per CPU ISA for CPU tensors, then torch for any device. C++/CUDA ops take the flat,
 one-layout tensors of ``compiled.py``; Triton and torch implement ``reference.py``'s contract."""
 
-from ...extension import CppExtension, TorchExtension
+from ...extension import CppExtension, CudaExtension, TorchExtension, TritonExtension
 from .loader import BiasActLoader
 
 
@@ -16,6 +16,22 @@ class _BiasActCpp(CppExtension):
 
 
 CPU_VARIANTS = BiasActLoader.register_cpu_variants(_BiasActCpp, "bias_act")
+
+
+@BiasActLoader.register_extension
+class BiasActCuda(CudaExtension):
+    name, kind, priority = "bias_act_cuda", "bias_act", 60
+    include_dirs = ("../common/csrc", "csrc")
+    # the ops, the launch planning, and the kernels of each dtype: five TUs, built in parallel
+    sources = ("csrc/bias_act_cuda.cpp", "csrc/bias_act_cuda_launch.cu", "csrc/bias_act_cuda_f32.cu",
+               "csrc/bias_act_cuda_f16.cu", "csrc/bias_act_cuda_bf16.cu")
+    stable_abi = "2.10"
+
+
+@BiasActLoader.register_extension
+class BiasActTriton(TritonExtension):
+    name, kind, priority = "bias_act_triton", "bias_act", 50
+    module = "opforge.kernels.bias_act.triton_impl"
 
 
 @BiasActLoader.register_extension

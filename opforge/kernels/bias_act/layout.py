@@ -21,13 +21,14 @@ Geometry(numel=120, channels=1, inner=1)
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 
-@dataclass(frozen=True)
-class Geometry:
+class Geometry(NamedTuple):
+    """A tuple, not a frozen dataclass: it is made on every call, and a tuple costs a fraction."""
+
     numel: int
     channels: int
     """The bias's length; 1 without a bias (or when ``x.shape[dim]`` is 1)."""

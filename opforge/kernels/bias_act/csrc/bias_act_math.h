@@ -15,8 +15,10 @@
 
 #if defined(__CUDACC__)
 #define BIAS_ACT_FN __host__ __device__ __forceinline__
+#define BIAS_ACT_CX __host__ __device__ constexpr
 #else
 #define BIAS_ACT_FN inline __attribute__((always_inline))
+#define BIAS_ACT_CX constexpr
 #endif
 
 namespace opforge_bias_act {
@@ -160,17 +162,17 @@ BIAS_ACT_FN F d2_from_pre(F v, float alpha) {
 }
 
 // Which (activation, ref) pairs have a first / second derivative kernel: the rest never reach one.
-constexpr bool has_d_from_value(int a) {
+BIAS_ACT_CX bool has_d_from_value(int a) {
   return a == kLinear || a == kRelu || a == kLrelu || a == kTanh || a == kSigmoid || a == kElu ||
          a == kSelu || a == kSoftplus;
 }
-constexpr bool has_d_from_pre(int a) {
+BIAS_ACT_CX bool has_d_from_pre(int a) {
   return a == kLinear || a == kLrelu || a == kElu || a == kSwish || a == kGelu || a == kGeluTanh;
 }
-constexpr bool has_d2_from_value(int a) {
+BIAS_ACT_CX bool has_d2_from_value(int a) {
   return a == kTanh || a == kSigmoid || a == kElu || a == kSelu || a == kSoftplus;
 }
-constexpr bool has_d2_from_pre(int a) {
+BIAS_ACT_CX bool has_d2_from_pre(int a) {
   return a == kElu || a == kSwish || a == kGelu || a == kGeluTanh;
 }
 
