@@ -64,6 +64,39 @@ __global__ void __launch_bounds__(256) simple(const uint4* __restrict__ x, uint4
   }
 }
 
+// simple<2, true> with the channel found by runtime division (as the production kernel does).
+__global__ void __launch_bounds__(256) simple_rt(const uint4* __restrict__ x, uint4* __restrict__ y,
+                                                 const float* __restrict__ b, int64_t nvec, int inner, int C) {
+  const int tid = blockIdx.x * blockDim.x + threadIdx.x;
+  const int nt = gridDim.x * blockDim.x;
+  for (int v = tid; v < nvec; v += 2 * nt) {
+    uint4 in[2];
+    in[0] = x[v];
+    if (v + nt < nvec) in[1] = x[v + nt];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int vv = v + u * nt;
+      if (vv >= nvec) break;
+      const float bias = b[(vv * 8 / inner) % C];
+      __half* h = reinterpret_cast<__half*>(&in[u]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        float f = __half2float(h[j]) + bias;
+        f = (f > 0.0f ? f : 0.2f * f) * 1.4142135f;
+        f = fminf(fmaxf(f, -256.0f), 256.0f);
+        h[j] = __float2half_rn(f);
+      }
+      y[vv] = in[u];
+    }
+  }
+}
+
+// The production walk (lrelu, fp16, int32) under other launch bounds: MINB blocks of 256 per SM.
+template <int MINB>
+__global__ void __launch_bounds__(256, MINB) fwd_lb(const k::Params p) {
+  k::elementwise<k::F16, k::kFwd, 3, int32_t>(p);
+}
+
 template <class F>
 float median_ms(F launch) {
   cudaEvent_t a, b;
@@ -94,8 +127,8 @@ int main() {
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   void *x, *y;
   float* b;
-  CK(cudaMalloc(&x, kN * 2));
-  CK(cudaMalloc(&y, kN * 2));
+  CK(cudaMalloc(&x, kN * 4));  // room for the fp32 backward below
+  CK(cudaMalloc(&y, kN * 4));
   CK(cudaMalloc(&b, kC * 4));
   std::vector<__half> hx(1 << 20);
   for (size_t i = 0; i < hx.size(); ++i) hx[i] = __float2half(static_cast<float>((i * 2654435761u) % 1000) / 250.0f - 2.0f);
@@ -128,12 +161,45 @@ int main() {
         simple<2, true><<<oneshot, 256>>>((const uint4*)x, (uint4*)y, b, nvec);
       }));
 
+  row("simple U=2 with runtime division, one-shot", median_ms([&] {
+        simple_rt<<<oneshot, 256>>>((const uint4*)x, (uint4*)y, b, nvec, (int)kInner, (int)kC);
+      }));
+  for (int minb : {4, 6, 8}) {
+    for (int64_t grid : {int64_t(oneshot), int64_t(sms) * minb, int64_t(sms) * 16}) {
+      k::Params p{};
+      p.in[0] = x;
+      p.b = b;
+      p.b_dtype = k::kF32;
+      p.out = y;
+      p.n = kN;
+      p.channels = kC;
+      p.inner = kInner;
+      p.alpha = 0.2f;
+      p.gain = 1.4142135f;
+      p.clamp = 256.0f;
+      p.clamp_ref = -1.0f;
+      p.bias_kind = k::kPerVec;
+      p.aligned = 1 | 8;
+      const int64_t stride = grid * 256 * 8;
+      p.step_r = stride % kInner;
+      p.step_c = (stride / kInner) % kC;
+      char name[96];
+      std::snprintf(name, sizeof name, "production walk, launch bounds (256, %d), grid %lld", minb, (long long)grid);
+      auto go = [&] {
+        if (minb == 4) fwd_lb<4><<<(unsigned)grid, 256>>>(p);
+        if (minb == 6) fwd_lb<6><<<(unsigned)grid, 256>>>(p);
+        if (minb == 8) fwd_lb<8><<<(unsigned)grid, 256>>>(p);
+      };
+      row(name, median_ms(go));
+    }
+  }
+
   // The production kernel, through plan() and launch(), then at other grid sizes.
   k::Plan plan;
-  CK(k::plan(k::kFwd, k::kF16, kN, kC, kInner, false, 0, &plan));
+  CK(k::plan(k::kFwd, k::kF16, 3, kN, kC, kInner, false, 0, &plan));
   std::printf("  production plan: grid %u (%.1f x SMs)\n", plan.grid_x, plan.grid_x / double(sms));
   row("production kernel, its plan", median_ms([&] {
-        CK(k::launch(plan, k::kFwd, k::kF16, 3, x, nullptr, nullptr, b, k::kF32, y, nullptr, k::kF32, nullptr, kN,
+        CK(k::launch(plan, k::kFwd, k::kF16, x, nullptr, nullptr, b, k::kF32, y, nullptr, k::kF32, nullptr, kN,
                      kC, kInner, 0.2f, 1.4142135f, 256.0f, -1.0f, 0));
       }));
   for (int mult : {8, 16, 32, 64}) {
@@ -142,9 +208,57 @@ int main() {
     char name[96];
     std::snprintf(name, sizeof name, "production kernel, grid %d x SMs", mult);
     row(name, median_ms([&] {
-          CK(k::launch(p2, k::kFwd, k::kF16, 3, x, nullptr, nullptr, b, k::kF32, y, nullptr, k::kF32, nullptr, kN,
+          CK(k::launch(p2, k::kFwd, k::kF16, x, nullptr, nullptr, b, k::kF32, y, nullptr, k::kF32, nullptr, kN,
                        kC, kInner, 0.2f, 1.4142135f, 256.0f, -1.0f, 0));
         }));
+  }
+
+  // The backward walks that sum db (lrelu from y, dx and db), their plan against larger grids:
+  // rows (NCHW, inner 4096) and cols (channels last, inner 1, 512 channels). Bytes: dy and y
+  // read, dx written (the finish kernel's partial sums not counted).
+  void* dy;
+  void* db;
+  CK(cudaMalloc(&dy, kN * 4));
+  CK(cudaMalloc(&db, kC * 4));
+  CK(cudaMemcpy(dy, x, kN * 2, cudaMemcpyDeviceToDevice));
+  CK(cudaMemcpy(static_cast<char*>(dy) + kN * 2, x, kN * 2, cudaMemcpyDeviceToDevice));
+  float* scratch = nullptr;
+  CK(cudaMalloc(&scratch, int64_t{256} << 20));  // 1 GiB of fp32 partial sums, more than any plan here
+  auto brow = [&](const char* name, float ms, int es) {
+    std::printf("  %-44s %8.1f us  %6.0f GB/s\n", name, ms * 1e3, 3.0 * kN * es / (ms * 1e-3) / 1e9);
+  };
+  for (int dt : {k::kF16, k::kF32}) {
+    const int es = dt == k::kF16 ? 2 : 4;
+    std::printf("%s backward with db (lrelu from y)\n", dt == k::kF16 ? "fp16" : "fp32");
+    for (int64_t inner : {kInner, int64_t{1}}) {
+      k::Plan bp;
+      CK(k::plan(k::kBwdY, dt, 3, kN, kC, inner, true, 0, &bp));
+      auto run = [&](const k::Plan& pl) {
+        CK(k::launch(pl, k::kBwdY, dt, dy, x, nullptr, nullptr, k::kF32, y, db, k::kF32, scratch, kN, kC, inner,
+                     0.2f, 1.4142135f, -1.0f, -1.0f, 0));
+      };
+      char name[96];
+      std::snprintf(name, sizeof name, "%s walk, its plan (grid %u x %u)", bp.walk == k::kRows ? "rows" : "cols",
+                    bp.grid_x, bp.grid_y);
+      brow(name, median_ms([&] { run(bp); }), es);
+      for (int mult : {2, 4, 16, 64}) {
+        k::Plan b2 = bp;
+        if (bp.walk == k::kRows) {
+          const int64_t G = int64_t{1} << bp.glog;
+          const int64_t most = (bp.units * G + 255) / 256;
+          const int64_t want = int64_t{bp.grid_x} * mult;
+          if (want > most * 2) break;
+          b2.grid_x = static_cast<unsigned>(want < most ? want : most);
+        } else {
+          const int64_t most = (bp.col_rows + 7) / 8;
+          const int64_t want = int64_t{bp.grid_y} * mult;
+          if (want > most * 2 || want * bp.width > (int64_t{256} << 20)) break;
+          b2.grid_y = static_cast<unsigned>(want < most ? want : most);
+        }
+        std::snprintf(name, sizeof name, "  grid %u x %u", b2.grid_x, b2.grid_y);
+        brow(name, median_ms([&] { run(b2); }), es);
+      }
+    }
   }
   return 0;
 }

@@ -206,8 +206,9 @@ void forward(Tensor x, std::optional<Tensor> b, Tensor y, int64_t channels, int6
   if (f.n == 0) return;
   const torch::stable::accelerator::DeviceGuard guard(f.device);
   k::Plan plan;
-  check_cuda_error(f.op, k::plan(k::kFwd, f.dtype, f.n, channels, inner, false, f.device, &plan));
-  check_cuda_error(f.op, k::launch(plan, k::kFwd, f.dtype, static_cast<int>(act), xp, nullptr, nullptr, bp, b_dtype,
+  check_cuda_error(f.op, k::plan(k::kFwd, f.dtype, static_cast<int>(act), f.n, channels, inner, false, f.device,
+                                 &plan));
+  check_cuda_error(f.op, k::launch(plan, k::kFwd, f.dtype, xp, nullptr, nullptr, bp, b_dtype,
                                    y.data_ptr(), nullptr, k::kF32, nullptr, f.n, channels, inner, as_float(alpha),
                                    as_float(gain), as_float(clamp), -1.0f, current_stream(f.op, f.device)));
 }
@@ -255,10 +256,10 @@ void grad(const char* op, int order, const std::optional<Tensor>& s, const Tenso
   const torch::stable::accelerator::DeviceGuard guard(f.device);
   const cudaStream_t stream = current_stream(op, f.device);
   k::Plan plan;
-  check_cuda_error(op, k::plan(mode, f.dtype, f.n, channels, inner, dbp != nullptr, f.device, &plan));
+  check_cuda_error(op, k::plan(mode, f.dtype, a, f.n, channels, inner, dbp != nullptr, f.device, &plan));
   std::optional<Tensor> scratch;  // the walk's partial sums, freed (stream-ordered) on return
   if (plan.scratch > 0) scratch = torch::stable::new_empty(*db, {plan.scratch}, ScalarType::Float);
-  check_cuda_error(op, k::launch(plan, mode, f.dtype, a, in0, in1, in2, ref_kind == ba::kRefX ? bp : nullptr, b_dtype,
+  check_cuda_error(op, k::launch(plan, mode, f.dtype, in0, in1, in2, ref_kind == ba::kRefX ? bp : nullptr, b_dtype,
                                  out.data_ptr(), dbp, db_dtype,
                                  scratch ? static_cast<float*>(scratch->data_ptr()) : nullptr, f.n, channels, inner,
                                  as_float(alpha), as_float(gain), as_float(clamp), as_float(clamp_ref), stream));

@@ -5,12 +5,12 @@
 // own expf/expm1f/log1pf/tanhf/erfcf, no fast-math). Each thread keeps two vectors in flight:
 // both are loaded before either is computed.
 //
-// The activation is a switch on its runtime id at the top of each kernel, each case a copy of
-// the whole walk for that activation (a uniform branch, taken once per thread).
+// Each (walk, mode, activation) is its own kernel (see the end of this file).
 
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "bias_act_cuda_vec.cuh"
 
@@ -54,23 +54,25 @@ __device__ __forceinline__ void biases(const Params& p, int kind, I r, I c, I in
   }
 }
 
-// Block g takes the 2 * blockDim vectors from 2 * blockDim * g: thread t the vectors t and
-// t + blockDim of them (every gridDim blocks further if the grid does not cover the tensor).
-// The launch gives each block its own piece (a one-shot grid): the blocks then move through
-// memory in address order, which keeps within 0.5% of a device-to-device copy where a
-// persistent grid-stride loop stays 5% under it (bench/cuda_probe/bias_act_fwd.cu, H100).
-// p.step_r, p.step_c: blockDim * V elements as (S % inner, (S / inner) % channels).
+// Thread t of T (the grid's threads) takes the vectors t and t + T, then every 2T further. The
+// launch gives T about half the tensor's vectors (a one-shot grid): each thread's two vectors
+// are then half the tensor apart, which keeps the forward within 0.5% of a device-to-device
+// copy on the H100, where a persistent grid (a few blocks per SM, looping) stays 5% under it
+// and blocks of consecutive vectors 9% (bench/cuda_probe/bias_act_fwd.cu).
+// p.step_r, p.step_c: T * V elements (a thread's first vector to its second) as
+// (S % inner, (S / inner) % channels).
 template <class D, int Mode, int A, class I>
 __device__ __forceinline__ void elementwise(const Params& p) {
   constexpr int V = kVec<D>;
   const I n = static_cast<I>(p.n);
   const I nvec = n / V;
+  const I tid = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const I nthreads = static_cast<I>(gridDim.x) * blockDim.x;
   const int kind = uses_bias(Mode) ? p.bias_kind : kNoBias;
   const I inner = static_cast<I>(p.inner), C = static_cast<I>(p.channels);
   const I step_r = static_cast<I>(p.step_r), step_c = static_cast<I>(p.step_c);
-  const I chunk = 2 * static_cast<I>(blockDim.x);
-  for (I v = static_cast<I>(blockIdx.x) * chunk + threadIdx.x; v < nvec; v += static_cast<I>(gridDim.x) * chunk) {
-    const I v1 = v + blockDim.x;
+  for (I v = tid; v < nvec; v += 2 * nthreads) {
+    const I v1 = v + nthreads;
     const bool two = v1 < nvec;
     I r = 0, c = 0;  // the position of vector v in its run, and its channel
     if (kind >= kPerVec) {
@@ -95,8 +97,7 @@ __device__ __forceinline__ void elementwise(const Params& p) {
     }
     do_two<D, Mode, A>(p, v * V, v1 * V, two, b0, b1, y0, y1);
   }
-  // The last n % V elements, one per thread of the first block.
-  const I tid = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x;
+  // The last n % V elements, one per thread.
   if (tid < n - nvec * V) {
     const I k = nvec * V + tid;
     float bias = 0.0f;
@@ -230,70 +231,73 @@ __device__ __forceinline__ void cols(const Params& p) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The kernels, and one dtype's table of them.
+// The kernels: one per (walk, mode, activation), each with its own register allocation (one
+// kernel switching on the activation is allocated for its hungriest case), and one dtype's
+// table of them.
 
-#define OPFORGE_BIAS_ACT_SWITCH(BODY)                                        \
-  switch (p.act) {                                                           \
-    case 1: if constexpr (act_ok(Mode, 1)) BODY<D, Mode, 1, I>(p); break;    \
-    case 2: if constexpr (act_ok(Mode, 2)) BODY<D, Mode, 2, I>(p); break;    \
-    case 3: if constexpr (act_ok(Mode, 3)) BODY<D, Mode, 3, I>(p); break;    \
-    case 4: if constexpr (act_ok(Mode, 4)) BODY<D, Mode, 4, I>(p); break;    \
-    case 5: if constexpr (act_ok(Mode, 5)) BODY<D, Mode, 5, I>(p); break;    \
-    case 6: if constexpr (act_ok(Mode, 6)) BODY<D, Mode, 6, I>(p); break;    \
-    case 7: if constexpr (act_ok(Mode, 7)) BODY<D, Mode, 7, I>(p); break;    \
-    case 8: if constexpr (act_ok(Mode, 8)) BODY<D, Mode, 8, I>(p); break;    \
-    case 9: if constexpr (act_ok(Mode, 9)) BODY<D, Mode, 9, I>(p); break;    \
-    case 10: if constexpr (act_ok(Mode, 10)) BODY<D, Mode, 10, I>(p); break; \
-    case 11: if constexpr (act_ok(Mode, 11)) BODY<D, Mode, 11, I>(p); break; \
-    default: break;                                                          \
+template <class D, int Mode, int A, class I>
+__global__ void __launch_bounds__(kThreads, min_blocks(kElementwise, Mode, A))
+    elementwise_kernel(const Params p) {
+  elementwise<D, Mode, A, I>(p);
+}
+
+template <class D, int Mode, int A, class I>
+__global__ void __launch_bounds__(kThreads, min_blocks(kRows, Mode, A)) rows_kernel(const Params p) {
+  rows<D, Mode, A, I>(p);
+}
+
+template <class D, int Mode, int A, class I>
+__global__ void __launch_bounds__(kThreads, min_blocks(kCols, Mode, A)) cols_kernel(const Params p) {
+  cols<D, Mode, A, I>(p);
+}
+
+template <class D, class I, int Walk, int Mode, int A>
+Kernel entry() {
+  if constexpr (!act_ok(Mode, A) || (Walk != kElementwise && Mode == kFwd)) {
+    return nullptr;
+  } else if constexpr (Walk == kElementwise) {
+    return elementwise_kernel<D, Mode, A, I>;
+  } else if constexpr (Walk == kRows) {
+    return rows_kernel<D, Mode, A, I>;
+  } else {
+    return cols_kernel<D, Mode, A, I>;
   }
+}
 
-static_assert(ba::kNumActs == 11, "OPFORGE_BIAS_ACT_SWITCH lists the activations 1..11");
+template <class D, class I, int Walk, int Mode, int... As>
+Kernel by_act(int act, std::integer_sequence<int, As...>) {
+  Kernel found = nullptr;
+  ((act == As + 1 ? (found = entry<D, I, Walk, Mode, As + 1>(), 0) : 0), ...);
+  return found;
+}
 
-// kBwdNone is linear's d = dy * gain whatever the activation: one copy of the walk.
-#define OPFORGE_BIAS_ACT_KERNEL(NAME, BODY)                                     \
-  template <class D, int Mode, class I>                                         \
-  __global__ void __launch_bounds__(kThreads) NAME(const Params p) {            \
-    if constexpr (Mode == kBwdNone) {                                           \
-      BODY<D, Mode, ba::kLinear, I>(p);                                         \
-    } else {                                                                    \
-      OPFORGE_BIAS_ACT_SWITCH(BODY)                                             \
-    }                                                                           \
+template <class D, class I, int Walk>
+Kernel by_mode(int mode, int act) {
+  using Acts = std::make_integer_sequence<int, ba::kNumActs>;
+  switch (mode) {
+    case kFwd: return by_act<D, I, Walk, kFwd>(act, Acts{});
+    case kBwdNone: return entry<D, I, Walk, kBwdNone, ba::kLinear>();  // dy * gain, whatever the activation
+    case kBwdY: return by_act<D, I, Walk, kBwdY>(act, Acts{});
+    case kBwdX: return by_act<D, I, Walk, kBwdX>(act, Acts{});
+    case kBwd2Y: return by_act<D, I, Walk, kBwd2Y>(act, Acts{});
+    case kBwd2X: return by_act<D, I, Walk, kBwd2X>(act, Acts{});
+    default: return nullptr;
   }
-
-OPFORGE_BIAS_ACT_KERNEL(elementwise_kernel, elementwise)
-OPFORGE_BIAS_ACT_KERNEL(rows_kernel, rows)
-OPFORGE_BIAS_ACT_KERNEL(cols_kernel, cols)
-
-#undef OPFORGE_BIAS_ACT_KERNEL
-#undef OPFORGE_BIAS_ACT_SWITCH
+}
 
 template <class D, class I>
-Kernel kernel_typed(int walk, int mode) {
-  switch (walk * 8 + mode) {
-    case kElementwise * 8 + kFwd: return elementwise_kernel<D, kFwd, I>;
-    case kElementwise * 8 + kBwdNone: return elementwise_kernel<D, kBwdNone, I>;
-    case kElementwise * 8 + kBwdY: return elementwise_kernel<D, kBwdY, I>;
-    case kElementwise * 8 + kBwdX: return elementwise_kernel<D, kBwdX, I>;
-    case kElementwise * 8 + kBwd2Y: return elementwise_kernel<D, kBwd2Y, I>;
-    case kElementwise * 8 + kBwd2X: return elementwise_kernel<D, kBwd2X, I>;
-    case kRows * 8 + kBwdNone: return rows_kernel<D, kBwdNone, I>;
-    case kRows * 8 + kBwdY: return rows_kernel<D, kBwdY, I>;
-    case kRows * 8 + kBwdX: return rows_kernel<D, kBwdX, I>;
-    case kRows * 8 + kBwd2Y: return rows_kernel<D, kBwd2Y, I>;
-    case kRows * 8 + kBwd2X: return rows_kernel<D, kBwd2X, I>;
-    case kCols * 8 + kBwdNone: return cols_kernel<D, kBwdNone, I>;
-    case kCols * 8 + kBwdY: return cols_kernel<D, kBwdY, I>;
-    case kCols * 8 + kBwdX: return cols_kernel<D, kBwdX, I>;
-    case kCols * 8 + kBwd2Y: return cols_kernel<D, kBwd2Y, I>;
-    case kCols * 8 + kBwd2X: return cols_kernel<D, kBwd2X, I>;
+Kernel kernel_typed(int walk, int mode, int act) {
+  switch (walk) {
+    case kElementwise: return by_mode<D, I, kElementwise>(mode, act);
+    case kRows: return by_mode<D, I, kRows>(mode, act);
+    case kCols: return by_mode<D, I, kCols>(mode, act);
     default: return nullptr;
   }
 }
 
 template <class D>
-Kernel kernel_table(int walk, int mode, bool wide) {
-  return wide ? kernel_typed<D, int64_t>(walk, mode) : kernel_typed<D, int32_t>(walk, mode);
+Kernel kernel_table(int walk, int mode, int act, bool wide) {
+  return wide ? kernel_typed<D, int64_t>(walk, mode, act) : kernel_typed<D, int32_t>(walk, mode, act);
 }
 
 }  // namespace opforge_bias_act_cuda

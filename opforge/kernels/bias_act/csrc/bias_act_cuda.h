@@ -11,10 +11,10 @@
 // layout); element k's channel is (k / inner) % channels. Three walks:
 //
 // * elementwise (the forward, and a backward without db): vectors of V elements (16 bytes),
-//   two a thread, a block for each 2 * kThreads of them (a one-shot grid, in address order).
+//   two a thread, half the tensor apart (a one-shot grid).
 // * rows (a backward with db, runs of >= kRowsMinInner elements): groups of G lanes take whole
-//   runs of one channel (or segments of one, when there are too few runs to fill the GPU) and
-//   sum them; sums[unit] is each unit's sum.
+//   runs of one channel (or segments of one, when there are too few runs to fill the GPU), a
+//   group for each, and sum them; sums[unit] is each unit's sum.
 // * cols (a backward with db, shorter runs): the array as a matrix of `width` columns, a
 //   multiple of channels * inner, so each column lies in one channel; 8 row lanes x 32 column
 //   lanes a block, each column's sum over its block's rows in sums[blockIdx.y * width + col].
@@ -27,6 +27,14 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+
+#include "bias_act_math.h"
+
+#if defined(__CUDACC__)
+#define OPFORGE_BIAS_ACT_HD __host__ __device__
+#else
+#define OPFORGE_BIAS_ACT_HD
+#endif
 
 namespace opforge_bias_act_cuda {
 
@@ -51,10 +59,10 @@ struct Params {
   float* sums;        // rows and cols walks: the fp32 partial sums
   int64_t n, channels, inner;
   float alpha, gain, clamp, clamp_ref;  // clamp, clamp_ref < 0: none
-  int act, b_dtype, bias_kind;
+  int b_dtype, bias_kind;
   int aligned;  // bit t: in[t] is 16-byte aligned; bit 3: out is
-  // elementwise: S = kThreads * V elements (a thread's first vector to its second) as
-  // (S % inner, (S / inner) % channels)
+  // elementwise: S = the grid's threads * V elements (a thread's first vector to its second)
+  // as (S % inner, (S / inner) % channels)
   int64_t step_r, step_c;
   // rows: lanes per group 1 << glog; units = runs * segs, each seg_len elements (the last of a
   // run shorter); step_c = groups % channels, to follow the channel of a group's run
@@ -66,10 +74,27 @@ struct Params {
 
 using Kernel = void (*)(Params);
 
-// The kernel of one dtype for (walk, mode), int64 indexing if `wide`; null if none.
-Kernel kernel_f32(int walk, int mode, bool wide);
-Kernel kernel_f16(int walk, int mode, bool wide);
-Kernel kernel_bf16(int walk, int mode, bool wide);
+// The kernel of one dtype for (walk, mode, act), int64 indexing if `wide`; null if none.
+Kernel kernel_f32(int walk, int mode, int act, bool wide);
+Kernel kernel_f16(int walk, int mode, int act, bool wide);
+Kernel kernel_bf16(int walk, int mode, int act, bool wide);
+
+// Blocks of kThreads a kernel's registers must leave room for on one SM (its launch bounds;
+// the planning counts on them). More blocks, more vectors in flight: on the H100 the forward
+// at 6 (at most 40 registers) runs as fast as a device-to-device copy, at 4 (64 registers)
+// 11% slower, at 8 (32 registers, spilling) 50% slower (bench/cuda_probe/bias_act_fwd.cu).
+// So 6 where 40 registers hold a kernel without spills (nvcc 13.0, -Xptxas -v): the forward
+// and the elementwise backward from nothing or y; 5 for the forward of gelu and softplus
+// (their erfc and log1p need more); 4 (64) for the rest, which read two or three tensors, but
+// 3 (85) for the cols walk's backward from x and second derivatives (its V column sums besides).
+// What still spills is the int64 kernels' few bytes (tensors of over 2^30 elements).
+OPFORGE_BIAS_ACT_HD constexpr int min_blocks(int walk, int mode, int act) {
+  if (walk == kCols) return mode == kBwdNone || mode == kBwdY ? 4 : 3;
+  if (walk == kRows) return 4;
+  if (mode == kBwdNone || mode == kBwdY) return 6;
+  if (mode == kFwd) return act == opforge_bias_act::kGelu || act == opforge_bias_act::kSoftplus ? 5 : 6;
+  return 4;
+}
 
 // What a call runs: plan() decides, launch() runs it.
 struct Plan {
@@ -83,15 +108,16 @@ struct Plan {
   int64_t width, col_rows;       // cols
 };
 
-// The plan for `mode` over n elements on `device` (with_db: a backward that also sums db).
-cudaError_t plan(int mode, int dtype, int64_t n, int64_t channels, int64_t inner, bool with_db, int device,
-                 Plan* out);
+// The plan for `mode` of activation `act` over n elements on `device` (with_db: a backward
+// that also sums db).
+cudaError_t plan(int mode, int dtype, int act, int64_t n, int64_t channels, int64_t inner, bool with_db,
+                 int device, Plan* out);
 
 // Runs `mode` by `plan` on `stream` (of the current device). Inputs by mode: fwd x; bwd dy, and
 // y (ref y) or x (ref x); bwd2 s, dy, and y or x. b: `channels` elements of b_dtype, or null.
 // db (when not null): `channels` elements of db_dtype, the per-channel sums of the outputs;
 // scratch: plan.scratch fp32 elements. kZero: out (and db) zeroed.
-cudaError_t launch(const Plan& plan, int mode, int dtype, int act, const void* in0, const void* in1,
+cudaError_t launch(const Plan& plan, int mode, int dtype, const void* in0, const void* in1,
                    const void* in2, const void* b, int b_dtype, void* out, void* db, int db_dtype, float* scratch,
                    int64_t n, int64_t channels, int64_t inner, float alpha, float gain, float clamp,
                    float clamp_ref, cudaStream_t stream);

@@ -4,6 +4,6 @@
 
 namespace opforge_bias_act_cuda {
 
-Kernel kernel_bf16(int walk, int mode, bool wide) { return kernel_table<BF16>(walk, mode, wide); }
+Kernel kernel_bf16(int walk, int mode, int act, bool wide) { return kernel_table<BF16>(walk, mode, act, wide); }
 
 }  // namespace opforge_bias_act_cuda

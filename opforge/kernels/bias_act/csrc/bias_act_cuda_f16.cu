@@ -4,6 +4,6 @@
 
 namespace opforge_bias_act_cuda {
 
-Kernel kernel_f16(int walk, int mode, bool wide) { return kernel_table<F16>(walk, mode, wide); }
+Kernel kernel_f16(int walk, int mode, int act, bool wide) { return kernel_table<F16>(walk, mode, act, wide); }
 
 }  // namespace opforge_bias_act_cuda

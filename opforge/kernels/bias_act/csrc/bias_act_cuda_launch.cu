@@ -16,7 +16,6 @@ namespace opforge_bias_act_cuda {
 namespace {
 
 constexpr int kMaxDevices = 64;
-constexpr int kKeys = 3 * 2 * kNumWalks * 8;  // dtype, wide, walk, mode
 // Below this, int32 index arithmetic: 2^31 less a margin that covers every "index + stride".
 constexpr int64_t kInt32Limit = (int64_t{1} << 31) - (int64_t{1} << 26);
 constexpr int64_t kMaxGridY = 65535;
@@ -34,43 +33,34 @@ int64_t gcd(int64_t a, int64_t b) {
 int vec_of(int dtype) { return dtype == kF32 ? 4 : 8; }
 int64_t elem_size(int dtype) { return dtype == kF32 ? 4 : 2; }
 
-Kernel pick(int dtype, int walk, int mode, bool wide) {
+Kernel pick(int dtype, int walk, int mode, int act, bool wide) {
   switch (dtype) {
-    case kF32: return kernel_f32(walk, mode, wide);
-    case kF16: return kernel_f16(walk, mode, wide);
-    case kBF16: return kernel_bf16(walk, mode, wide);
+    case kF32: return kernel_f32(walk, mode, act, wide);
+    case kF16: return kernel_f16(walk, mode, act, wide);
+    case kBF16: return kernel_bf16(walk, mode, act, wide);
     default: return nullptr;
   }
 }
 
-// The SM count and how many kThreads-blocks of a kernel are resident on one SM (its registers
-// and shared memory decide), cached per device and kernel.
+// The SM count (cached per device) and the blocks of kThreads a kernel can keep resident on
+// one SM: at least its launch bounds' min_blocks, which the planning counts on.
 struct Resident {
   int sms;
   int blocks_per_sm;
   int64_t blocks() const { return int64_t{sms} * blocks_per_sm; }
 };
 
-cudaError_t resident(Kernel kernel, int key, int device, Resident* out) {
+cudaError_t resident(int walk, int mode, int act, int device, Resident* out) {
   static std::atomic<int> sm_cache[kMaxDevices];
-  static std::atomic<int> occ_cache[kMaxDevices][kKeys];
   const bool cached = device >= 0 && device < kMaxDevices;
   int sms = cached ? sm_cache[device].load(std::memory_order_relaxed) : 0;
-  int bps = cached ? occ_cache[device][key].load(std::memory_order_relaxed) : 0;
   if (sms <= 0) {
     const cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (err != cudaSuccess) return err;
     if (sms < 1) sms = 1;
     if (cached) sm_cache[device].store(sms, std::memory_order_relaxed);
   }
-  if (bps <= 0) {
-    const cudaError_t err =
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, reinterpret_cast<const void*>(kernel), kThreads, 0);
-    if (err != cudaSuccess) return err;
-    if (bps < 1) bps = 1;
-    if (cached) occ_cache[device][key].store(bps, std::memory_order_relaxed);
-  }
-  *out = {sms, bps};
+  *out = {sms, min_blocks(walk, mode, act)};
   return cudaSuccess;
 }
 
@@ -102,13 +92,16 @@ void plan_rows(int dtype, int64_t n, int64_t inner, const Resident& res, Plan* p
   p->units = runs * segs;
   p->segs = segs;
   p->seg_len = seg_len;
-  p->grid_x = grid_of(cdiv(p->units * G, kThreads), res.blocks());
+  // One-shot: a group for each unit. On the H100 a persistent grid (the resident blocks, each
+  // group looping over units) was 4-6% slower (bench/cuda_probe/bias_act_fwd.cu).
+  p->grid_x = grid_of(cdiv(p->units * G, kThreads), kMaxGridX);
   p->scratch = p->units;
 }
 
 // cols: width = a multiple of the period (channels * inner) and of V, >= 32 vectors (a warp's
 // columns) where the tensor has that many elements; else the period itself (element by
-// element). Enough row blocks to fill the GPU, but each row lane >= 4 rows where there are
+// element). Row blocks: 4 times what is resident (on the H100, 1x was 4% slower in fp32, 16x
+// 3-4% slower: bench/cuda_probe/bias_act_fwd.cu), but each row lane >= 4 rows where there are
 // that many, so the partial sums stay under n / 32.
 void plan_cols(int dtype, int64_t n, int64_t channels, int64_t inner, const Resident& res, Plan* p) {
   const int64_t V = vec_of(dtype);
@@ -122,7 +115,7 @@ void plan_cols(int dtype, int64_t n, int64_t channels, int64_t inner, const Resi
   }
   const int64_t rows = cdiv(n, width);
   const int64_t gx = cdiv(cdiv(width, V), 32);
-  int64_t gy = res.blocks() / gx;
+  int64_t gy = 4 * res.blocks() / gx;
   const int64_t most = cdiv(cdiv(rows, kColRowLanes), 4);
   if (gy > most) gy = most;
   if (gy > kMaxGridY) gy = kMaxGridY;
@@ -170,8 +163,8 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-cudaError_t plan(int mode, int dtype, int64_t n, int64_t channels, int64_t inner, bool with_db, int device,
-                 Plan* out) {
+cudaError_t plan(int mode, int dtype, int act, int64_t n, int64_t channels, int64_t inner, bool with_db,
+                 int device, Plan* out) {
   *out = Plan{};
   out->grid_x = out->grid_y = 1;
   if (n <= 0 || mode == kZero) return cudaSuccess;
@@ -180,24 +173,26 @@ cudaError_t plan(int mode, int dtype, int64_t n, int64_t channels, int64_t inner
   const int walk = !db ? kElementwise : inner >= kRowsMinInner ? kRows : kCols;
   out->walk = walk;
   const int64_t period = channels * inner;
-  out->wide = n + (walk == kCols ? 8 * period + 256 : 0) >= kInt32Limit;  // cols: indices up to n + width
-  out->kernel = pick(dtype, walk, mode, out->wide);
+  // The largest index a walk forms: elementwise, a second vector up to half the tensor past the
+  // end (so 1.5 n); cols, a row of width past it; rows, n.
+  const int64_t reach = walk == kElementwise ? 2 * n : walk == kCols ? n + 8 * period + 256 : n;
+  out->wide = reach >= kInt32Limit;
+  out->kernel = pick(dtype, walk, mode, act, out->wide);
   if (out->kernel == nullptr) return cudaErrorInvalidValue;
   Resident res{};
-  const int key = ((dtype * 2 + (out->wide ? 1 : 0)) * kNumWalks + walk) * 8 + mode;
-  const cudaError_t err = resident(out->kernel, key, device, &res);
+  const cudaError_t err = resident(walk, mode, act, device, &res);
   if (err != cudaSuccess) return err;
   if (walk == kRows) {
     plan_rows(dtype, n, inner, res, out);
   } else if (walk == kCols) {
     plan_cols(dtype, n, channels, inner, res, out);
-  } else {  // one-shot: a block for each 2 * kThreads vectors (bias_act_cuda.cuh says why)
+  } else {  // one-shot: a thread for each two vectors (bias_act_cuda.cuh says why)
     out->grid_x = grid_of(cdiv(n / vec_of(dtype), 2 * kThreads), kMaxGridX);
   }
   return cudaSuccess;
 }
 
-cudaError_t launch(const Plan& plan, int mode, int dtype, int act, const void* in0, const void* in1,
+cudaError_t launch(const Plan& plan, int mode, int dtype, const void* in0, const void* in1,
                    const void* in2, const void* b, int b_dtype, void* out, void* db, int db_dtype, float* scratch,
                    int64_t n, int64_t channels, int64_t inner, float alpha, float gain, float clamp,
                    float clamp_ref, cudaStream_t stream) {
@@ -227,7 +222,6 @@ cudaError_t launch(const Plan& plan, int mode, int dtype, int act, const void* i
   p.gain = gain;
   p.clamp = clamp;
   p.clamp_ref = clamp_ref;
-  p.act = act;
   const int nin = mode == kBwd2Y || mode == kBwd2X ? 3 : mode == kBwdY || mode == kBwdX ? 2 : 1;
   const void* ins[3] = {in0, in1, in2};
   for (int t = 0; t < nin; ++t) p.aligned |= aligned16(ins[t]) ? 1 << t : 0;
@@ -236,7 +230,7 @@ cudaError_t launch(const Plan& plan, int mode, int dtype, int act, const void* i
                                                                                                          : kGeneric;
   const int64_t threads = int64_t{plan.grid_x} * kThreads;
   if (plan.walk == kElementwise) {  // the step from a thread's first vector to its second
-    const int64_t stride = int64_t{kThreads} * V;
+    const int64_t stride = threads * V;
     p.step_r = stride % inner;
     p.step_c = (stride / inner) % channels;
   } else if (plan.walk == kRows) {
