@@ -33,6 +33,8 @@ import sys
 import pytest
 import torch
 
+from test_bias_act import CONFIGS, DTYPES  # noqa: I001  (tests/ is on sys.path under pytest)
+
 from opforge.kernels.bias_act import reference
 from opforge.kernels.bias_act.activations import ACTIVATIONS, lookup
 from opforge.kernels.bias_act.layout import geometry
@@ -42,15 +44,8 @@ triton = pytest.importorskip("triton")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 ACTS = tuple(ACTIVATIONS)
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2**-10, 1e-5), torch.bfloat16: (2**-7, 1e-5)}
 EPS = {torch.float32: 0.0, torch.float16: 2**-11, torch.bfloat16: 2**-8}
-CONFIGS = {  # bias?, gain, clamp
-    "plain": (False, None, None),
-    "bias": (True, None, None),
-    "gain_clamp": (True, 0.7, 0.5),
-    "neg_gain_clamp": (True, -1.7, 1.0),
-}
 # name: shape, dim, layout; the comment says which walk (triton_impl.plan) it takes
 LAYOUTS = {
     "nchw": ((2, 5, 3, 4), 1, "contiguous"),  # flat, channel per element (inner 12)

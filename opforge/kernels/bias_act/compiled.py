@@ -61,7 +61,7 @@ class Compiled:
         return y
 
     def backward(self, dy, x, b, y, dim, act, alpha, gain, clamp, need_db):
-        if dy.dtype == torch.float64 or gain == 0 or dy.numel() == 0:
+        if reference.left_to_reference(dy, gain):
             return reference.backward(dy, x, b, y, dim, act, alpha, gain, clamp, need_db)
         ref = lookup(act).ref_for(alpha, clamp)
         dx = torch.empty_like(dy)
@@ -71,10 +71,9 @@ class Compiled:
         return dx, db
 
     def backward2(self, s, dy, x, b, y, dim, act, alpha, gain, clamp, need_db):
-        spec = lookup(act)
-        ref = spec.ref_for(alpha, clamp)
-        if dy.dtype == torch.float64 or gain == 0 or not spec.has_2nd_grad or ref == "" or dy.numel() == 0:
+        if reference.left_to_reference(dy, gain, act, alpha, clamp, order=2):
             return reference.backward2(s, dy, x, b, y, dim, act, alpha, gain, clamp, need_db)
+        ref = lookup(act).ref_for(alpha, clamp)
         src = y if ref == "y" else x
         out = torch.empty_like(src)
         db = self._run(self.ops.backward2, (conform(s, out), conform(dy, out)), src, b, out, dim, act, ref, alpha,

@@ -37,6 +37,19 @@ _K = math.sqrt(2.0 / math.pi)  # gelu_tanh: u = K * (v + C * v^3)
 _C = 0.044715
 
 
+def left_to_reference(dy: torch.Tensor, gain: float, act: str = "", alpha: float = 0.0,
+                      clamp: float | None = None, order: int = 1) -> bool:
+    """Whether a kernel variant hands its ``backward`` (``order`` 1) or ``backward2`` (2) to this
+    reference: fp64 (for checking), a zero gain or an empty tensor (all zeros), and for the
+    second order an activation without one or with nothing saved (zeros too)."""
+    if dy.dtype == torch.float64 or gain == 0 or dy.numel() == 0:
+        return True
+    if order == 1:
+        return False
+    spec = lookup(act)
+    return not spec.has_2nd_grad or spec.ref_for(alpha, clamp) == ""
+
+
 def compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 

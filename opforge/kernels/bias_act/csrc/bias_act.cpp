@@ -33,6 +33,7 @@
 #include <torch/headeronly/core/ScalarType.h>
 #include <torch/headeronly/util/Exception.h>
 
+#include "bias_act_ops.h"
 #include "opforge_stable.h"
 
 #include <algorithm>
@@ -309,18 +310,11 @@ int64_t simd_width() { return W; }
 }  // namespace
 
 OPFORGE_LIBRARY(OPFORGE_NS, m) {
-  m.def("forward(Tensor x, Tensor? b, Tensor(a!) y, int channels, int inner, int act, float alpha, float gain, "
-        "float clamp) -> ()");
-  m.def("backward(Tensor dy, Tensor? ref, Tensor? b, Tensor(a!) dx, Tensor(b!)? db, int channels, int inner, "
-        "int act, int ref_kind, float alpha, float gain, float clamp, float clamp_ref) -> ()");
-  m.def("backward2(Tensor s, Tensor dy, Tensor? ref, Tensor? b, Tensor(a!) out, Tensor(b!)? db, int channels, "
-        "int inner, int act, int ref_kind, float alpha, float gain, float clamp, float clamp_ref) -> ()");
+  OPFORGE_BIAS_ACT_DEF(m);
   m.def("simd_width() -> int");
 }
 
 OPFORGE_LIBRARY_IMPL(OPFORGE_NS, CompositeExplicitAutograd, m) {
-  m.impl("forward", TORCH_BOX(&forward));
-  m.impl("backward", TORCH_BOX(&backward));
-  m.impl("backward2", TORCH_BOX(&backward2));
+  OPFORGE_BIAS_ACT_IMPL(m);
   m.impl("simd_width", TORCH_BOX(&simd_width));
 }

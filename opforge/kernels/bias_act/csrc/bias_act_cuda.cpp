@@ -50,6 +50,7 @@
 
 #include "bias_act_cuda.h"
 #include "bias_act_math.h"
+#include "bias_act_ops.h"
 #include "opforge_stable.h"
 
 #ifndef OPFORGE_NS
@@ -282,16 +283,9 @@ void backward2(Tensor s, Tensor dy, std::optional<Tensor> ref, std::optional<Ten
 }  // namespace
 
 OPFORGE_LIBRARY(OPFORGE_NS, m) {
-  m.def("forward(Tensor x, Tensor? b, Tensor(a!) y, int channels, int inner, int act, float alpha, float gain, "
-        "float clamp) -> ()");
-  m.def("backward(Tensor dy, Tensor? ref, Tensor? b, Tensor(a!) dx, Tensor(b!)? db, int channels, int inner, "
-        "int act, int ref_kind, float alpha, float gain, float clamp, float clamp_ref) -> ()");
-  m.def("backward2(Tensor s, Tensor dy, Tensor? ref, Tensor? b, Tensor(a!) out, Tensor(b!)? db, int channels, "
-        "int inner, int act, int ref_kind, float alpha, float gain, float clamp, float clamp_ref) -> ()");
+  OPFORGE_BIAS_ACT_DEF(m);
 }
 
 OPFORGE_LIBRARY_IMPL(OPFORGE_NS, CompositeExplicitAutograd, m) {
-  m.impl("forward", TORCH_BOX(&forward));
-  m.impl("backward", TORCH_BOX(&backward));
-  m.impl("backward2", TORCH_BOX(&backward2));
+  OPFORGE_BIAS_ACT_IMPL(m);
 }

@@ -186,8 +186,12 @@ cudaError_t plan(int mode, int dtype, int act, int64_t n, int64_t channels, int6
     plan_rows(dtype, n, inner, res, out);
   } else if (walk == kCols) {
     plan_cols(dtype, n, channels, inner, res, out);
-  } else {  // one-shot: a thread for each two vectors (bias_act_cuda.cuh says why)
-    out->grid_x = grid_of(cdiv(n / vec_of(dtype), 2 * kThreads), kMaxGridX);
+  } else {  // one-shot: a thread for each two vectors (bias_act_cuda.cuh says why); a small
+    // tensor, one vector a thread over up to a block per SM (its time is latency, not bandwidth)
+    const int64_t nvec = n / vec_of(dtype);
+    int64_t grid = cdiv(nvec, 2 * kThreads);
+    if (grid < res.sms) grid = cdiv(nvec, kThreads) < res.sms ? cdiv(nvec, kThreads) : res.sms;
+    out->grid_x = grid_of(grid, kMaxGridX);
   }
   return cudaSuccess;
 }
