@@ -74,6 +74,9 @@ import time
 from dataclasses import dataclass
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _table import show  # noqa: E402  (bench/, beside this script)
 import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -510,32 +513,6 @@ def x(v) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
-def show(title: str, headers: list[str], rows: list[list[str]], markdown: bool) -> None:
-    if markdown:
-        print(f"\n**{title}**\n")
-        print("| " + " | ".join(headers) + " |")
-        print("|" + "|".join("---" if i < 3 else "---:" for i in range(len(headers))) + "|")
-        for r in rows:
-            print("| " + " | ".join(r) + " |")
-        return
-    if sys.stdout.isatty():
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title=title)
-        for i, h in enumerate(headers):
-            table.add_column(h, justify="left" if i < 3 else "right")
-        for r in rows:
-            table.add_row(*r)
-        Console().print(table)
-        return
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    lines = [headers, ["-" * w for w in widths], *rows]
-    print(f"\n{title}")
-    print("\n".join("  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                    for r in lines))
-
-
 def size_class(numel: int) -> str | None:
     return "large" if numel >= LARGE else "small" if numel <= SMALL else None
 
@@ -608,7 +585,7 @@ def report(res: dict) -> None:
                 flag = "" if r["ok"] else " MISMATCH"
                 rows.append([case["label"] + sets, case["dtype"], name + flag, cell_t(r), f"{r['gbs']:.0f}",
                              f"{r['pct_copy']:.0f}%", x(r["x_eager"]), x(r["x_compile"])])
-        show(f"bias_act {MODES[mode]} ({res['device']})", head, rows, a["markdown"])
+        show(f"bias_act {MODES[mode]} ({res['device']})", head, rows, left=3, markdown=a["markdown"])
     comp = [(c["label"], c["dtype"], c["compile_s"]) for c in res["cases"] if c["compile_s"]]
     if comp:
         print("\ntorch.compile, first call (compile + run): " + "; ".join(

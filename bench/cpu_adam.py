@@ -52,6 +52,9 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _table import show as show_table  # noqa: E402  (bench/, beside this script)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 0.01
 TARGETS = {"x_fused": 1.3, "x_deepspeed": 1.2, "pct_triad": 85.0}
@@ -357,22 +360,7 @@ def x(v) -> str:
 
 
 def show(title: str, headers: list[str], rows: list[list[str]]) -> None:
-    if sys.stdout.isatty():
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title=title)
-        for i, h in enumerate(headers):
-            table.add_column(h, justify="left" if i < 2 else "right")
-        for r in rows:
-            table.add_row(*r)
-        Console().print(table)
-        return
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    lines = [headers, ["-" * w for w in widths], *rows]
-    print(f"\n{title}")
-    print("\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                    for r in lines))
+    show_table(title, headers, rows, left=2)  # size and implementation, then figures
 
 
 def report(res: dict) -> None:

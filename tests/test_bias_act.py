@@ -525,3 +525,14 @@ def test_extreme_values_match_torch(act, dtype, impl):
     # torch's fp32 gelu(inf) is NaN (its limit is inf): where torch gives NaN for an infinite input, any value
     keep = ~(x.isinf() & want.isnan())
     torch.testing.assert_close(y[keep], want[keep], equal_nan=True, rtol=FWD_TOL[dtype][0], atol=1e-6)
+
+
+def test_a_tensor_argument_is_read_at_every_call():
+    """Resolved arguments are cached per call signature, but only plain scalars: a 0-d tensor
+    clamp changed in place takes effect, and the cache holds no tensor."""
+    c = torch.tensor(1.0)
+    x = torch.full((2, 3), 5.0)
+    assert float(bias_act(x, clamp=c).max()) == 1.0
+    c.fill_(2.0)
+    assert float(bias_act(x, clamp=c).max()) == 2.0
+    assert not any(isinstance(v, torch.Tensor) for key in op_module._RESOLVED for v in key)

@@ -127,7 +127,7 @@ def bias_act(x: torch.Tensor, b: torch.Tensor | None = None, dim: int = 1, act: 
         spec, alpha, gain = _resolve(act, alpha, gain)
         clamp = None if clamp is None else float(clamp)
         check_scalars(alpha, gain, clamp)
-        if len(_RESOLVED) < 1024 and isinstance(act, str):
+        if len(_RESOLVED) < 1024 and type(act) is str and all(type(v) in _SCALARS for v in key[1:]):
             _RESOLVED[key] = spec, alpha, gain, clamp
     dim = check_tensors(x, b, dim)
     if type(x) in _PLAIN and (b is None or type(b) in _PLAIN):
@@ -141,7 +141,10 @@ def bias_act(x: torch.Tensor, b: torch.Tensor | None = None, dim: int = 1, act: 
 
 _RESOLVED: dict[tuple, tuple] = {}
 """(act, alpha, gain, clamp) as given -> (Activation, alpha, gain, clamp) resolved and checked:
-a call's defaults, lookups and scalar checks are worked out once (the tensors' every call)."""
+a call's defaults, lookups and scalar checks are worked out once (the tensors' every call).
+Only plain Python scalars are kept: a 0-d tensor (hashed by identity) could change in place,
+and the cache would keep it alive."""
+_SCALARS = (type(None), int, float)
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 """Plain tensors outside torch.compile take the fast path (the kernel's own functions, and

@@ -57,8 +57,8 @@ __device__ __forceinline__ void biases(const Params& p, int kind, I r, I c, I in
 // Thread t of T (the grid's threads) takes the vectors t and t + T, then every 2T further. The
 // launch gives T about half the tensor's vectors (a one-shot grid): each thread's two vectors
 // are then half the tensor apart, which keeps the forward within 0.5% of a device-to-device
-// copy on the H100, where a persistent grid (a few blocks per SM, looping) stays 5% under it
-// and blocks of consecutive vectors 9% (bench/cuda_probe/bias_act_fwd.cu).
+// copy on the H100, where a persistent grid (a few blocks per SM, looping) was 6-12% slower
+// and blocks of consecutive vectors 10-11% (bench/cuda_probe/bias_act_fwd.cu).
 // p.step_r, p.step_c: T * V elements (a thread's first vector to its second) as
 // (S % inner, (S / inner) % channels).
 template <class D, int Mode, int A, class I>

@@ -43,7 +43,6 @@ enum DType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 enum Mode : int { kFwd = 0, kBwdNone = 1, kBwdY = 2, kBwdX = 3, kBwd2Y = 4, kBwd2X = 5, kZero = 6 };
 enum Walk : int { kElementwise = 0, kRows = 1, kCols = 2 };
 constexpr int kNumModes = 6;
-constexpr int kNumWalks = 3;
 
 constexpr int kThreads = 256;
 constexpr int kColRowLanes = kThreads / 32;  // the cols walk's block: 8 row lanes x 32 column lanes
@@ -82,7 +81,7 @@ Kernel kernel_bf16(int walk, int mode, int act, bool wide);
 // Blocks of kThreads a kernel's registers must leave room for on one SM (its launch bounds;
 // the planning counts on them). More blocks, more vectors in flight: on the H100 the forward
 // at 6 (at most 40 registers) runs as fast as a device-to-device copy, at 4 (64 registers)
-// 11% slower, at 8 (32 registers, spilling) 50% slower (bench/cuda_probe/bias_act_fwd.cu).
+// 14% slower, at 8 (32 registers, spilling) 50% slower (bench/cuda_probe/bias_act_fwd.cu).
 // So 6 where 40 registers hold a kernel without spills (nvcc 13.0, -Xptxas -v): the forward
 // and the elementwise backward from nothing or y; 5 for the forward of gelu and softplus
 // (their erfc and log1p need more); 4 (64) for the rest, which read two or three tensors, but
