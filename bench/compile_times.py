@@ -7,7 +7,11 @@
 3. One tiny op written three ways, to show why: the LibTorch stable ABI, lean headers
    (``ATen/core/Tensor.h`` + ``torch/library.h``), and ``torch/extension.h`` + pybind11.
 
-    python bench/compile_times.py [--json FILE] [--skip-headers]
+    python bench/compile_times.py [--json FILE] [--skip-headers] [--kind KIND ...] [--repeat N]
+                                  [--extensions-only]
+
+On a shared, noisy machine use --repeat: each cell is then the median (min-max) of N cold
+builds, the extensions taken in turn within each round.
 """
 
 from __future__ import annotations
@@ -45,25 +49,34 @@ def ninja_compile_seconds(entry_dir: str, name: str, cache: str) -> float | None
     return None
 
 
-def per_extension() -> list[dict]:
+def _spread(values: list[float]) -> str:
+    values = sorted(values)
+    mid = values[len(values) // 2]
+    return f"{mid:5.2f} s" if len(values) == 1 else f"{mid:5.2f} s ({values[0]:.2f}-{values[-1]:.2f})"
+
+
+def per_extension(kinds: list[str] | None = None, repeat: int = 1) -> list[dict]:
     from opforge.loader import loaders
     from opforge.platform import current
 
     os.environ["OPFORGE_CCACHE"] = "0"
-    rows = []
-    for kind, cls in loaders().items():
-        for c in cls().candidates(current()):
-            ext = c.extension
-            if not ext.needs_compiler or not c.available:
-                continue
+    exts = [(kind, c.extension) for kind, cls in loaders().items() if not kinds or kind in kinds
+            for c in cls().candidates(current()) if c.extension.needs_compiler and c.available]
+    times: dict[str, tuple[list[float], list[float]]] = {ext.name: ([], []) for _, ext in exts}
+    for _ in range(repeat):
+        for _kind, ext in exts:
             cache = fresh_cache()
             started = time.perf_counter()
             entry = ext.build_jit().path
-            took = time.perf_counter() - started
-            rows.append({"kind": kind, "name": ext.name, "build_s": round(took, 2),
-                         "compile_s": ninja_compile_seconds(entry, ext.name, cache), "sources": len(ext.sources)})
+            times[ext.name][0].append(time.perf_counter() - started)
+            times[ext.name][1].append(ninja_compile_seconds(entry, ext.name, cache) or 0.0)
             shutil.rmtree(cache, ignore_errors=True)
-            print(f"{ext.name:24s} build {took:5.2f} s   compile {rows[-1]['compile_s']} s", flush=True)
+    rows = []
+    for kind, ext in exts:
+        build, compile_ = times[ext.name]
+        rows.append({"kind": kind, "name": ext.name, "sources": len(ext.sources), "build_s": sorted(build),
+                     "compile_s": sorted(compile_)})
+        print(f"{ext.name:24s} build {_spread(build)}   compile steps {_spread(compile_)}", flush=True)
     return rows
 
 
@@ -119,6 +132,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--skip-headers", action="store_true")
+    ap.add_argument("--kind", action="append", help="only this kind's extensions (repeatable)")
+    ap.add_argument("--repeat", type=int, default=1, help="cold builds of each extension (default 1)")
+    ap.add_argument("--extensions-only", action="store_true", help="skip `build --all` and the header costs")
     args = ap.parse_args()
     import torch
 
@@ -126,9 +142,9 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.node()} ({os.cpu_count()} CPUs), {platform.processor() or platform.machine()}",
         "torch": torch.__version__,
-        "extensions": per_extension(),
-        "build_all": build_all(),
-        "header_cost": [] if args.skip_headers else header_cost(),
+        "extensions": per_extension(args.kind, args.repeat),
+        "build_all": None if args.extensions_only else build_all(),
+        "header_cost": [] if args.skip_headers or args.extensions_only else header_cost(),
     }
     if args.json:
         with open(args.json, "w") as f:

@@ -33,10 +33,14 @@ class Settings:
     lock_timeout: float
     """``OPFORGE_LOCK_TIMEOUT``: seconds to wait for another process's build (default 1800)."""
     max_jobs: int | None
-    """``MAX_JOBS``: parallel compile jobs, as in torch; None lets ninja decide."""
+    """``MAX_JOBS``: parallel compile jobs, as in torch; None: one per usable CPU (``compile.default_jobs``)."""
     ccache: str
     """``OPFORGE_CCACHE``: ``auto`` (ccache or sccache when installed, as torch does), ``0`` (never), or a path.
     ``TORCH_NO_COMPILER_WRAPPER`` set also turns it off, as in torch."""
+    linker: str
+    """``OPFORGE_LINKER``: ``auto`` (the fastest of mold, lld and gold that links here, else the
+    compiler's default), ``default``, or one of ``mold``, ``lld``, ``gold``, ``bfd`` (passed as
+    ``-fuse-ld=``). The linker doesn't change what a binary does, so it is not part of the key."""
     pch: bool
     """``OPFORGE_PCH``: precompile ``torch/extension.h`` once and share it (GCC; off by default)."""
     cxx: str | None
@@ -97,6 +101,17 @@ def _max_jobs(raw: str | None) -> int | None:
     return None
 
 
+LINKERS = ("mold", "lld", "gold", "bfd")
+
+
+def _linker(raw: str | None) -> str:
+    value = (raw or "auto").strip().lower() or "auto"
+    if value not in ("auto", "default", *LINKERS):
+        raise ValueError(f"OPFORGE_LINKER={raw!r} is not a linker opforge knows; use auto, default, or one of "
+                         f"{', '.join(LINKERS)}")
+    return value
+
+
 def current(env: Mapping[str, str] | None = None) -> Settings:
     """Read the environment (or ``env``) into a :class:`Settings`."""
     env = os.environ if env is None else env
@@ -114,6 +129,7 @@ def current(env: Mapping[str, str] | None = None) -> Settings:
         lock_timeout=_float(env, "OPFORGE_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT),
         max_jobs=_max_jobs(env.get("MAX_JOBS")),
         ccache="0" if env.get("TORCH_NO_COMPILER_WRAPPER") else (env.get("OPFORGE_CCACHE") or "auto").strip(),
+        linker=_linker(env.get("OPFORGE_LINKER")),
         pch=_flag(env.get("OPFORGE_PCH")),
         cxx=env.get("CXX") or None,
         cc=env.get("CC") or None,

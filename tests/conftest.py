@@ -86,7 +86,9 @@ class CompilerLog:
         return [" ".join(a) for a in self.calls() if "-c" in a]
 
     def links(self) -> list[str]:
-        return [" ".join(a) for a in self.calls() if "-c" not in a and "-o" in a]
+        """The builds' links (not the linker probes of ``toolchain.links_with``)."""
+        return [" ".join(a) for a in self.calls()
+                if "-c" not in a and "-o" in a and not any(x.endswith(os.sep + "probe.c") for x in a)]
 
     def probes(self) -> list[list[str]]:
         """``CXX --version``: each cold path runs it once, for the manifest."""

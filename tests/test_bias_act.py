@@ -486,6 +486,47 @@ def test_bad_input_to_the_op_itself():
         torch.ops.opforge.bias_act_backward(x, None, None, None, 1, "tanh", 0.0, 1.0, None, False)
 
 
+def test_bad_input_to_the_raw_cpu_ops(impl):
+    """The C++ variant's own checks (the adapter never sends such input): each a clear
+    RuntimeError, never a crash."""
+    if impl == "bias_act_torch":
+        pytest.skip("the C++ variant's ops")
+    ops = BiasActLoader().load(device="cpu").ops
+    x, y, b = torch.randn(2, 3, 4), torch.empty(2, 3, 4), torch.zeros(3)
+    ops.forward(x, b, y, 3, 4, 2, 0.0, 1.0, -1.0)
+    torch.testing.assert_close(y, x.relu())
+    cases = [
+        (lambda: ops.forward(x.to("meta"), b, y, 3, 4, 2, 0.0, 1.0, -1.0), "x must be a CPU tensor, got meta"),
+        (lambda: ops.forward(x, b, y[:1], 3, 4, 2, 0.0, 1.0, -1.0), "y has 12 elements, expected 24"),
+        (lambda: ops.forward(x.double(), b, y, 3, 4, 2, 0.0, 1.0, -1.0),
+         "x must be float32, bfloat16 or float16, got Double"),
+        (lambda: ops.forward(x, b, y.half(), 3, 4, 2, 0.0, 1.0, -1.0), "y must have the dtype of x"),
+        (lambda: ops.forward(x, b.half(), y, 3, 4, 2, 0.0, 1.0, -1.0), "b must be a contiguous float32 tensor"),
+        (lambda: ops.forward(x, b[:2], y, 3, 4, 2, 0.0, 1.0, -1.0), "b has 2 elements, expected 3"),
+        (lambda: ops.forward(x, b, y, 3, 0, 2, 0.0, 1.0, -1.0), "channels and inner must be >= 1, got 3 and 0"),
+        (lambda: ops.forward(x, b, y, 3, 4, 12, 0.0, 1.0, -1.0), "unknown activation id 12"),
+        (lambda: ops.backward(x, x, None, y, None, 3, 4, 4, 3, 0.0, 1.0, -1.0, -1.0), "ref must be 0"),
+        (lambda: ops.backward(x, None, None, y, None, 3, 4, 4, 1, 0.0, 1.0, -1.0, -1.0),
+         "ref must be given exactly when"),
+        (lambda: ops.backward(x, x, None, y, None, 3, 4, 9, 1, 0.0, 1.0, -1.0, -1.0),
+         "activation id 9 has no first derivative kernel from ref 1"),
+        (lambda: ops.backward(x, x, None, y, torch.empty(5), 3, 4, 4, 1, 0.0, 1.0, -1.0, -1.0),
+         "db has 5 elements, expected 3"),
+        (lambda: ops.backward(x, x.half(), None, y, None, 3, 4, 4, 1, 0.0, 1.0, -1.0, -1.0),
+         "ref must have the dtype of dy"),
+        (lambda: ops.backward2(x.half(), x, x, None, y, None, 3, 4, 4, 1, 0.0, 1.0, -1.0, -1.0),
+         "s must have the dtype of dy"),
+        (lambda: ops.backward2(x, x, x, None, y, None, 3, 4, 2, 1, 0.0, 1.0, -1.0, -1.0),
+         "has no second derivative kernel"),
+    ]
+    for call, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+            call()
+    db = torch.full((3,), 7.0)  # an empty input still writes db
+    ops.backward(torch.empty(0), None, None, torch.empty(0), db, 3, 1, 1, 0, 0.0, 1.0, -1.0, -1.0)
+    assert (db == 0).all()
+
+
 def test_scalar_and_empty_inputs():
     torch.testing.assert_close(bias_act(torch.tensor(-2.0), act="relu"), torch.tensor(0.0))
     y = bias_act(torch.zeros(0, 3, requires_grad=True), torch.zeros(3, requires_grad=True), act="gelu")

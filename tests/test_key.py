@@ -210,3 +210,49 @@ def test_a_compiler_with_only_a_static_libstdcxx_gets_the_shared_one(tmp_path):
     assert toolchain.static_libstdcxx(static) and not toolchain.static_libstdcxx(normal)
     assert flags.runtime_ldflags(static) == ["-l:libstdc++.so.6"]
     assert flags.runtime_ldflags(normal) == [] and flags.runtime_ldflags(None) == []
+
+
+def test_the_linker_is_the_fastest_that_links_here(tmp_path):
+    """OPFORGE_LINKER=auto tries mold, lld, then gold with a real link, each only when its
+    ld.NAME is on PATH, and keeps the compiler's default when none links; a linker in the
+    user's flags always wins."""
+    from opforge.build import toolchain
+
+    def fake(name, links):
+        path = tmp_path / name
+        cases = "".join(f"  -fuse-ld={ld}) exit 0;;\n" for ld in links)
+        path.write_text(f"#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in\n{cases}  -fuse-ld=*) exit 1;;\n"
+                        "esac; done\nexit 0\n")
+        path.chmod(0o755)
+        st = path.stat()
+        return toolchain.Tool((str(path),), str(path), st.st_size, st.st_mtime_ns)
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for ld in ("ld.gold", "ld.lld"):
+        (bin_dir / ld).write_text("#!/bin/sh\n")
+        (bin_dir / ld).chmod(0o755)
+    path = str(bin_dir)
+    gold_only, none = fake("cxx-gold", ["gold"]), fake("cxx-none", [])
+    assert toolchain.linker_flags(gold_only, "auto", (), path) == ["-fuse-ld=gold"]
+    assert toolchain.linker_flags(fake("cxx-all", ["gold", "lld", "mold"]), "auto", (), path) == ["-fuse-ld=lld"]
+    assert toolchain.linker_flags(gold_only, "auto", (), str(tmp_path / "empty")) == []  # no ld.gold on PATH
+    assert toolchain.linker_flags(none, "auto", (), path) == []
+    assert toolchain.linker_flags(none, "bfd", (), path) == ["-fuse-ld=bfd"]  # asked for: the build says if it fails
+    assert toolchain.linker_flags(gold_only, "default", (), path) == []
+    assert toolchain.linker_flags(None, "auto", (), path) == []
+    assert toolchain.linker_flags(gold_only, "auto", ("-fuse-ld=lld",), path) == []
+    assert settings.current({"OPFORGE_LINKER": " Gold "}).linker == "gold"
+    assert settings.current({}).linker == "auto"
+    with pytest.raises(ValueError, match="OPFORGE_LINKER='ldd' is not a linker opforge knows; use auto"):
+        settings.current({"OPFORGE_LINKER": "ldd"})
+
+
+def test_ninja_runs_one_job_per_usable_cpu_unless_max_jobs(monkeypatch):
+    from opforge.build import compile as compile_mod
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
+    assert compile_mod.default_jobs() == 3
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert compile_mod.default_jobs() == 1

@@ -177,6 +177,17 @@ def error_excerpt(log: str, max_lines: int = 25) -> str:
     return "\n".join(lines[-max_lines:])
 
 
+def default_jobs() -> int:
+    """Without ``MAX_JOBS``: one compile per CPU this process may run on. Ninja's own default
+    (CPUs + 2) lets the longest translation unit, which ninja starts first, share a core with
+    the short ones, and the cold build waits for it: bias_act's CPU variant on 2 cores built
+    in 4.2-5.1 s at ninja's -j4 and 3.2-4.2 s at -j2 (docs/benchmarks.md)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def run_ninja(ninja: str, build_dir: str, spec: BuildSpec, objects: dict[str, str], max_jobs: int | None,
               env: dict[str, str], progress: _Progress) -> BuildResult:
     """Run ninja; return the binary and the deps, or raise BuildError with the first errors.
@@ -184,9 +195,7 @@ def run_ninja(ninja: str, build_dir: str, spec: BuildSpec, objects: dict[str, st
     log_path = os.path.join(build_dir, LOG_FILE)
     digests = dict(zip(spec.sources, spec.source_digests))
     invalidate_moved_objects(build_dir, digests)
-    cmd = [ninja, "-v"]
-    if max_jobs:
-        cmd += ["-j", str(max_jobs)]
+    cmd = [ninja, "-v", "-j", str(max_jobs or default_jobs())]
     env = dict(env, NINJA_STATUS="[%f/%t] ")
     out_lines: list[str] = []
     with open(log_path, "w", encoding="utf-8") as log, \

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..settings import Settings
 from .key import BuildSpec, stable_abi_macro
-from .toolchain import default_cxx_std
+from .toolchain import default_cxx_std, linker_flags
 
 _STD_RE = re.compile(r"['\"](-std=c\+\+\d\d)['\"]")
 
@@ -140,6 +140,7 @@ def derive(spec: BuildSpec, settings: Settings) -> Flags:
     if spec.with_cuda:
         ldflags.append("-lcudart")
     ldflags += runtime_ldflags(spec.cxx)
+    ldflags += linker_flags(spec.cxx, settings.linker, spec.extra_ldflags, settings.path)
     return Flags(tuple(cflags), tuple(cuda_cflags), tuple(ldflags))
 
 

@@ -9,8 +9,9 @@ from .loader import BiasActLoader
 class _BiasActCpp(CppExtension):
     kind = "bias_act"
     include_dirs = ("../common/csrc", "csrc")
-    # the host code and three TUs of activation loops, built in parallel (bias_act_loops.h)
-    sources = ("csrc/bias_act.cpp", "csrc/bias_act_fwd.cpp", "csrc/bias_act_grad1.cpp", "csrc/bias_act_grad2.cpp")
+    # the host code (the only TU with torch headers: the longest, so first), the checks and the
+    # walk, the activation loops: three TUs built in parallel (csrc/bias_act_cpu.h)
+    sources = ("csrc/bias_act.cpp", "csrc/bias_act_run.cpp", "csrc/bias_act_loops.cpp")
     stable_abi = "2.10"
     openmp = True
 

@@ -1,50 +1,17 @@
-// The activation loops of bias_act's CPU variant: over fp32 stack buffers of nv vectors,
-// one instantiation per (activation, ref, order), chosen once per block through a function
-// pointer. They live in three translation units of their own (bias_act_fwd.cpp,
-// bias_act_grad1.cpp, bias_act_grad2.cpp) that ninja compiles in parallel with the host
-// code (bias_act.cpp): the cold build is the longest of them, not their sum.
-//
-// The entry points are in a namespace named after the variant (-DOPFORGE_NS), so two ISA
-// variants loaded in one process never share a symbol.
-
-#pragma once
+// bias_act's CPU activation loops: over fp32 stack buffers of nv vectors, one instantiation
+// per (activation, ref, order), each chosen once per call through a function pointer; and
+// the loads and stores that convert a block of each storage dtype to and from fp32. No torch
+// headers (see bias_act_cpu.h).
 
 #include <cstdint>
 #include <cstring>
 
+#include "bias_act_cpu.h"
 #include "bias_act_math.h"
 #include "bias_act_vec.h"
 
-#ifndef OPFORGE_NS
-#define OPFORGE_NS opforge_bias_act_cpu
-#endif
-
 namespace opforge_bias_act {
-
-struct Params {
-  int act, ref;
-  float alpha, gain, inv_gain, clamp, clamp_ref;
-  bool clamped;
-};
-
-using FwdLoop = void (*)(float*, int64_t, const Params&);
-using GradLoop = void (*)(float*, const float*, int64_t, const Params&);
-
-// Storage dtypes; a load converts n elements at element k to fp32 (zero-padded to whole
-// vectors), a store converts back (bf16: round to nearest even, NaN kept a NaN).
-enum class DType { F32, BF16, F16 };
-using LoadFn = void (*)(const void* base, int64_t k, int64_t n, float* buf);
-using StoreFn = void (*)(void* base, int64_t k, int64_t n, const float* buf);
-
-namespace OPFORGE_NS {
-LoadFn load_for(DType d);                         // bias_act_fwd.cpp
-StoreFn store_for(DType d);                       // bias_act_fwd.cpp
-FwdLoop fwd_loop_for(int act);                    // bias_act_fwd.cpp
-GradLoop grad1_loop_for(int act, int ref);        // bias_act_grad1.cpp; nullptr: none
-GradLoop grad2_loop_for(int act, int ref);        // bias_act_grad2.cpp; nullptr: none
-}  // namespace OPFORGE_NS
-
-#ifdef BIAS_ACT_LOOPS
+namespace {
 
 // ---------------------------------------------------------------------------
 // Loads and stores of n elements of dtype D as fp32, padded with zeros to whole vectors.
@@ -165,6 +132,18 @@ struct Table {
 };
 using Acts = Table<kLinear, kRelu, kLrelu, kTanh, kSigmoid, kElu, kSelu, kSoftplus, kSwish, kGelu, kGeluTanh>;
 
-#endif  // BIAS_ACT_LOOPS
+}  // namespace
+
+FwdLoop OPFORGE_NS::fwd_loop_for(int act) { return Acts::fwd(act); }
+GradLoop OPFORGE_NS::grad1_loop_for(int act, int ref) { return Acts::grad<1>(act, ref); }
+GradLoop OPFORGE_NS::grad2_loop_for(int act, int ref) { return Acts::grad<2>(act, ref); }
+
+LoadFn OPFORGE_NS::load_for(DType d) {
+  return d == DType::F32 ? &load<DType::F32> : d == DType::BF16 ? &load<DType::BF16> : &load<DType::F16>;
+}
+
+StoreFn OPFORGE_NS::store_for(DType d) {
+  return d == DType::F32 ? &store<DType::F32> : d == DType::BF16 ? &store<DType::BF16> : &store<DType::F16>;
+}
 
 }  // namespace opforge_bias_act
