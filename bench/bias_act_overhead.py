@@ -12,7 +12,9 @@ outermost last: ``torch.add`` (one native kernel launch, the floor of any op); t
 forward op on preallocated tensors (``torch.ops`` dispatch, the stable-ABI boxing, the launch);
 the kernel contract (``dispatch.implementation(...).forward``: allocation, layout, the op); the
 public ``opforge.ops.bias_act`` (argument checks, defaults, the variant's choice); eager torch;
-torch.compile (default mode). fwd+bwd rows: ``y = f(x, b); y.backward(dy)`` with x and b leaves.
+torch.compile (default mode). fwd+bwd rows: ``y = f(x, b); y.backward(dy)`` with x and b leaves;
+opforge's through its C++ autograd node (the default for the CUDA variant, ``native_autograd.py``)
+and through the Python autograd.Function.
 """
 
 from __future__ import annotations
@@ -99,6 +101,12 @@ def main() -> None:
     rows.append(("fwd+bwd floor: x * 1.0 (one native op)", per_call(fb(lambda u, v: u * 1.0), args.calls // 2, sync)))
     rows.append(("fwd+bwd opforge.ops.bias_act", per_call(
         fb(lambda u, v: bias_act(u, v, act=act, clamp=clamp)), args.calls // 2, sync)))
+    from opforge.kernels.bias_act import native_autograd
+
+    kept, native_autograd.DEVICES = native_autograd.DEVICES, ()
+    rows.append(("fwd+bwd opforge.ops.bias_act, Python autograd.Function", per_call(
+        fb(lambda u, v: bias_act(u, v, act=act, clamp=clamp)), args.calls // 2, sync)))
+    native_autograd.DEVICES = kept
     rows.append(("fwd+bwd eager", per_call(fb(eager), args.calls // 2, sync)))
     if compiled is not None:
         rows.append(("fwd+bwd torch.compile", per_call(fb(compiled), args.calls // 2, sync)))

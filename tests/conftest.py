@@ -88,7 +88,7 @@ class CompilerLog:
     def links(self) -> list[str]:
         """The builds' links (not the linker probes of ``toolchain.links_with``)."""
         return [" ".join(a) for a in self.calls()
-                if "-c" not in a and "-o" in a and not any(x.endswith(os.sep + "probe.c") for x in a)]
+                if "-c" not in a and "-o" in a and not any(x.endswith(os.sep + "probe.cpp") for x in a)]
 
     def probes(self) -> list[list[str]]:
         """``CXX --version``: each cold path runs it once, for the manifest."""

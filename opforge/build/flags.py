@@ -139,8 +139,9 @@ def derive(spec: BuildSpec, settings: Settings) -> Flags:
         ldflags.append("-ltorch_python")
     if spec.with_cuda:
         ldflags.append("-lcudart")
-    ldflags += runtime_ldflags(spec.cxx)
-    ldflags += linker_flags(spec.cxx, settings.linker, spec.extra_ldflags, settings.path)
+    runtime = runtime_ldflags(spec.cxx)
+    ldflags += runtime
+    ldflags += linker_flags(spec.cxx, settings.linker, spec.extra_ldflags, settings.path, tuple(runtime))
     return Flags(tuple(cflags), tuple(cuda_cflags), tuple(ldflags))
 
 

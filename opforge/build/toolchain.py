@@ -164,32 +164,35 @@ FAST_LINKERS = ("mold", "lld", "gold")
 
 
 @functools.lru_cache(maxsize=32)
-def links_with(argv: tuple[str, ...], identity: str, linker: str) -> bool:
-    """Whether ``CXX -fuse-ld=LINKER`` links a shared object here (cold path only, memoised)."""
+def links_with(argv: tuple[str, ...], identity: str, linker: str, extra: tuple[str, ...] = ()) -> bool:
+    """Whether ``CXX -fuse-ld=LINKER`` links a C++ shared object here, with the C++ runtime and
+    ``extra`` flags as a kernel's link has them (cold path only, memoised). A C file would not
+    do: on the GPU host gold linked one, then failed on the relocated GCC's libstdc++.so."""
     del identity  # part of the memo key
     with tempfile.TemporaryDirectory(prefix="opforge-ld-") as d:
-        src = os.path.join(d, "probe.c")
+        src = os.path.join(d, "probe.cpp")
         with open(src, "w") as f:
-            f.write("int opforge_probe(void) { return 0; }\n")
+            f.write('#include <string>\nstd::string opforge_probe(int n) { return std::to_string(n) + "!"; }\n')
         try:
-            out = subprocess.run([*argv, f"-fuse-ld={linker}", "-shared", "-fPIC", "-x", "c", src, "-o",
-                                  os.path.join(d, "probe.so")], capture_output=True, timeout=60, check=False)
+            out = subprocess.run([*argv, f"-fuse-ld={linker}", "-shared", "-fPIC", src, "-o",
+                                  os.path.join(d, "probe.so"), *extra], capture_output=True, timeout=60, check=False)
         except (OSError, subprocess.TimeoutExpired):
             return False
         return out.returncode == 0
 
 
 def linker_flags(cxx: Tool | None, choice: str, extra_ldflags: tuple[str, ...] = (),
-                 path_env: str | None = None) -> list[str]:
+                 path_env: str | None = None, runtime: tuple[str, ...] = ()) -> list[str]:
     """``-fuse-ld=...`` for ``OPFORGE_LINKER`` (see settings.py); nothing when the user's own
     flags pick a linker, or with ``default``, or when ``auto`` finds no faster linker. ``auto``
-    tries a real link only with the linkers whose ``ld.NAME`` is on ``path_env``."""
+    tries a real link (with the ``runtime`` flags a kernel's link gets) only with the linkers
+    whose ``ld.NAME`` is on ``path_env``."""
     if cxx is None or choice == "default" or any(f.startswith("-fuse-ld=") for f in extra_ldflags):
         return []
     if choice != "auto":
         return [f"-fuse-ld={choice}"]
     for name in FAST_LINKERS:
-        if shutil.which(f"ld.{name}", path=path_env) and links_with(cxx.argv, cxx.identity, name):
+        if shutil.which(f"ld.{name}", path=path_env) and links_with(cxx.argv, cxx.identity, name, runtime):
             return [f"-fuse-ld={name}"]
     return []
 

@@ -32,7 +32,7 @@ import math
 
 import torch
 
-from ..kernels.bias_act import dispatch
+from ..kernels.bias_act import dispatch, native_autograd
 from ..kernels.bias_act.activations import NAMES, Activation, lookup
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -134,6 +134,10 @@ def bias_act(x: torch.Tensor, b: torch.Tensor | None = None, dim: int = 1, act: 
         impl = _kernel(x)
         call = (dim, spec.name, alpha, gain, clamp)
         if torch.is_grad_enabled() and (x.requires_grad or (b is not None and b.requires_grad)):
+            if native_autograd.covers(impl, x, b, gain):
+                node = native_autograd.op()
+                if node is not None:
+                    return native_autograd.call(node, impl, x, b, dim, spec, alpha, gain, clamp)
             return _Forward.apply(x, b, (call, impl))
         return impl.forward(x, b, *call)
     return torch.ops.opforge.bias_act(x, b, dim, spec.name, alpha, gain, clamp)
@@ -147,10 +151,10 @@ and the cache would keep it alive."""
 _SCALARS = (type(None), int, float)
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-"""Plain tensors outside torch.compile take the fast path (the kernel's own functions, and
-``_Forward`` for autograd), which skips the custom op's Python dispatch (tens of microseconds a
-call: the whole time of a small tensor). Under torch.compile, and for fake or subclassed
-tensors, the custom op."""
+"""Plain tensors outside torch.compile take the fast path (the kernel's own functions; for
+autograd, the C++ node of ``native_autograd.py`` where it covers the call, else ``_Forward``),
+which skips the custom op's Python dispatch (tens of microseconds a call: the whole time of a
+small tensor). Under torch.compile, and for fake or subclassed tensors, the custom op."""
 
 
 # -- the custom ops --
