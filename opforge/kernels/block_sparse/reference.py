@@ -1,0 +1,86 @@
+"""The torch implementation of block-sparse matmul: the reference, and the path that always works.
+
+Gather + batched matmul: each kept block's slice of the input is gathered, all blocks are
+multiplied in one ``bmm``, and the products are summed into place with ``index_add_``. The
+work is cut into chunks of tokens so the gathered copies stay under ``CHUNK_ELEMENTS``.
+
+Every variant (Triton, CUDA) implements these three functions with the same arguments and
+results. ``x`` is ``(T, in_features)``, ``dy`` ``(T, out_features)``, ``w`` the kept blocks
+``(nnz, bh, bw)`` in the layout's order, the index tensors those of ``layout.Indices`` on the
+tensors' device; all tensors contiguous, one dtype (``bias`` too):
+
+* ``forward(x, w, bias, rows, cols, row_ptr, out_features) -> y``: ``y = x Wᵀ (+ bias)``;
+* ``grad_input(dy, w, rows, cols, col_ptr, col_order, in_features) -> dx``: ``dx = dy W``;
+* ``grad_weight(dy, x, rows, cols, bh, bw) -> dw``: ``dw[k] = dy[:, rows[k]]ᵀ x[:, cols[k]]``
+  (block slices), the gradient of ``W`` on the kept blocks only (an SDDMM).
+
+Compute: fp32 for fp16/bf16 on the CPU (upcast), fp64 for fp64; on a GPU, ``bmm`` in the
+tensors' dtype (which accumulates in fp32). Outputs in the inputs' dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+CHUNK_ELEMENTS = 1 << 24
+"""Gathered elements per chunk (64 MB in fp32)."""
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    if t.dtype == torch.float64:
+        return torch.float64
+    return t.dtype if t.is_cuda else torch.float32
+
+
+def _chunks(tokens: int, per_token: int):
+    step = max(1, CHUNK_ELEMENTS // max(1, per_token))
+    for t0 in range(0, tokens, step):
+        yield t0, min(tokens, t0 + step)
+
+
+def forward(x, w, bias, rows, cols, row_ptr, out_features: int):
+    nnz, bh, bw = w.shape
+    tokens = x.shape[0]
+    cd = _compute_dtype(x)
+    wc = w.to(cd)
+    y = torch.zeros(out_features // bh, tokens, bh, dtype=cd, device=x.device)
+    xb = x.to(cd).view(tokens, x.shape[1] // bw, bw).transpose(0, 1)  # (C, T, bw)
+    if nnz:
+        for t0, t1 in _chunks(tokens, nnz * max(bh, bw)):
+            part = torch.bmm(xb[cols, t0:t1], wc.transpose(1, 2))  # (nnz, t, bh)
+            y[:, t0:t1].index_add_(0, rows, part)
+    y = y.transpose(0, 1).reshape(tokens, out_features)
+    if bias is not None:
+        y += bias.to(cd)
+    return y.to(x.dtype)
+
+
+def grad_input(dy, w, rows, cols, col_ptr, col_order, in_features: int):
+    nnz, bh, bw = w.shape
+    tokens = dy.shape[0]
+    cd = _compute_dtype(dy)
+    wc = w.to(cd)
+    dx = torch.zeros(in_features // bw, tokens, bw, dtype=cd, device=dy.device)
+    gb = dy.to(cd).view(tokens, dy.shape[1] // bh, bh).transpose(0, 1)  # (R, T, bh)
+    if nnz:
+        for t0, t1 in _chunks(tokens, nnz * max(bh, bw)):
+            part = torch.bmm(gb[rows, t0:t1], wc)  # (nnz, t, bw)
+            dx[:, t0:t1].index_add_(0, cols, part)
+    return dx.transpose(0, 1).reshape(tokens, in_features).to(dy.dtype)
+
+
+def grad_weight(dy, x, rows, cols, bh: int, bw: int):
+    tokens = x.shape[0]
+    nnz = rows.numel()
+    cd = _compute_dtype(x)
+    dw = torch.empty(nnz, bh, bw, dtype=cd, device=x.device)
+    gb = dy.to(cd).view(tokens, dy.shape[1] // bh, bh).transpose(0, 1)  # (R, T, bh)
+    xb = x.to(cd).view(tokens, x.shape[1] // bw, bw).transpose(0, 1)  # (C, T, bw)
+    step = max(1, CHUNK_ELEMENTS // max(1, tokens * max(bh, bw)))
+    for k0 in range(0, nnz, step):
+        k1 = min(nnz, k0 + step)
+        dw[k0:k1] = torch.bmm(gb[rows[k0:k1]].transpose(1, 2), xb[cols[k0:k1]])
+    return dw.to(x.dtype)
+
+
+__all__ = ["forward", "grad_input", "grad_weight"]

@@ -1,0 +1,189 @@
+"""``opforge.ops.block_sparse_linear``: ``y = x Wᵀ + bias`` with ``W`` block-sparse, on the best
+``block_sparse`` kernel for the tensors' device (``BlockSparseLoader``).
+
+Three ``torch.library`` custom ops, each with a fake implementation and registered autograd:
+
+* ``opforge::block_sparse_mm(x, w, bias, *indices, out_features) -> y``: ``y = x Wᵀ (+ bias)``;
+* ``opforge::block_sparse_mm_t(dy, w, *indices, in_features) -> dx``: ``dx = dy W``;
+* ``opforge::block_sparse_sddmm(dy, x, *indices, bh, bw) -> dw``: ``dyᵀ x`` on the kept blocks.
+
+Each is linear in each argument, and their derivatives are each other, so gradients of any
+order work: the backward of ``mm`` is ``mm_t`` (for ``x``) and ``sddmm`` (for ``w``); of
+``mm_t``, ``mm`` and ``sddmm``; of ``sddmm``, ``mm`` and ``mm_t``.
+
+``x`` is ``(T, in_features)`` inside the ops (``block_sparse_linear`` flattens any leading
+dims), ``w`` the kept blocks ``(nnz, bh, bw)``; ``*indices`` are the layout's ``rows, cols,
+row_ptr, col_ptr, col_order`` on the tensors' device (``layout.Indices``).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from ..kernels.block_sparse.layout import BlockSparseLayout
+from ..kernels.block_sparse.loader import BlockSparseLoader
+
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+_BY_DEVICE: dict[str, object] = {}
+_LOCK = threading.Lock()
+
+
+def _kernel(t: torch.Tensor):
+    """The loader's best implementation for tensors on ``t``'s device (kept for the process)."""
+    found = _BY_DEVICE.get(t.device.type)
+    if found is None:
+        with _LOCK:
+            found = _BY_DEVICE.get(t.device.type)
+            if found is None:
+                found = _BY_DEVICE[t.device.type] = BlockSparseLoader().load(device=t.device.type).ops
+    return found
+
+
+def forget() -> None:
+    """Choose the implementation again at the next call (tests, after ``loader.clear_cache()``)."""
+    _BY_DEVICE.clear()
+
+
+# -- the custom ops --
+
+@torch.library.custom_op("opforge::block_sparse_mm", mutates_args=())
+def _mm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, rows: torch.Tensor, cols: torch.Tensor,
+        row_ptr: torch.Tensor, col_ptr: torch.Tensor, col_order: torch.Tensor, out_features: int) -> torch.Tensor:
+    return _kernel(x).forward(x.contiguous(), w.contiguous(), None if bias is None else bias.contiguous(), rows,
+                              cols, row_ptr, out_features)
+
+
+@_mm.register_fake
+def _(x, w, bias, rows, cols, row_ptr, col_ptr, col_order, out_features):
+    return x.new_empty(x.shape[0], out_features)
+
+
+@torch.library.custom_op("opforge::block_sparse_mm_t", mutates_args=())
+def _mm_t(dy: torch.Tensor, w: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, row_ptr: torch.Tensor,
+          col_ptr: torch.Tensor, col_order: torch.Tensor, in_features: int) -> torch.Tensor:
+    return _kernel(dy).grad_input(dy.contiguous(), w.contiguous(), rows, cols, col_ptr, col_order, in_features)
+
+
+@_mm_t.register_fake
+def _(dy, w, rows, cols, row_ptr, col_ptr, col_order, in_features):
+    return dy.new_empty(dy.shape[0], in_features)
+
+
+@torch.library.custom_op("opforge::block_sparse_sddmm", mutates_args=())
+def _sddmm(dy: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, row_ptr: torch.Tensor,
+           col_ptr: torch.Tensor, col_order: torch.Tensor, bh: int, bw: int) -> torch.Tensor:
+    return _kernel(x).grad_weight(dy.contiguous(), x.contiguous(), rows, cols, bh, bw)
+
+
+@_sddmm.register_fake
+def _(dy, x, rows, cols, row_ptr, col_ptr, col_order, bh, bw):
+    return x.new_empty(rows.shape[0], bh, bw)
+
+
+# -- autograd: each op's derivatives are the other two --
+
+def _setup_mm(ctx, inputs, output):
+    x, w, bias, *idx, out_features = inputs
+    ctx.save_for_backward(x, w, *idx)
+    ctx.has_bias = bias is not None
+
+
+def _backward_mm(ctx, dy):
+    x, w, *idx = ctx.saved_tensors
+    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    dx = torch.ops.opforge.block_sparse_mm_t(dy, w, *idx, x.shape[1]) if need_x else None
+    dw = torch.ops.opforge.block_sparse_sddmm(dy, x, *idx, w.shape[1], w.shape[2]) if need_w else None
+    db = dy.sum(0) if need_b and ctx.has_bias else None
+    return dx, dw, db, None, None, None, None, None, None
+
+
+_mm.register_autograd(_backward_mm, setup_context=_setup_mm)
+
+
+def _setup_mm_t(ctx, inputs, output):
+    dy, w, *idx, in_features = inputs
+    ctx.save_for_backward(dy, w, *idx)
+
+
+def _backward_mm_t(ctx, g):
+    dy, w, *idx = ctx.saved_tensors
+    d_dy = torch.ops.opforge.block_sparse_mm(g, w, None, *idx, dy.shape[1]) if ctx.needs_input_grad[0] else None
+    d_w = torch.ops.opforge.block_sparse_sddmm(dy, g, *idx, w.shape[1], w.shape[2]) if ctx.needs_input_grad[1] \
+        else None
+    return d_dy, d_w, None, None, None, None, None, None
+
+
+_mm_t.register_autograd(_backward_mm_t, setup_context=_setup_mm_t)
+
+
+def _setup_sddmm(ctx, inputs, output):
+    dy, x, *idx, bh, bw = inputs
+    ctx.save_for_backward(dy, x, *idx)
+
+
+def _backward_sddmm(ctx, g):
+    dy, x, *idx = ctx.saved_tensors
+    d_dy = torch.ops.opforge.block_sparse_mm(x, g, None, *idx, dy.shape[1]) if ctx.needs_input_grad[0] else None
+    d_x = torch.ops.opforge.block_sparse_mm_t(dy, g, *idx, x.shape[1]) if ctx.needs_input_grad[1] else None
+    return d_dy, d_x, None, None, None, None, None, None, None
+
+
+_sddmm.register_autograd(_backward_sddmm, setup_context=_setup_sddmm)
+
+
+# -- the public function --
+
+def check(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, layout: BlockSparseLayout) -> None:
+    """Raise on bad arguments, saying what to do."""
+    if not isinstance(layout, BlockSparseLayout):
+        raise TypeError(f"layout must be a BlockSparseLayout, got {type(layout).__name__}")
+    out_features, in_features = layout.shape
+    bh, bw = layout.block_shape
+    for name, t in (("x", x), ("w", w)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"block_sparse_linear: {name} must be a tensor, got {type(t).__name__}")
+        if t.dtype not in FLOATS:
+            raise TypeError(f"block_sparse_linear: {name} must be float16, bfloat16, float32 or float64, got "
+                            f"{t.dtype}: convert it first, e.g. {name}.float()")
+    if x.ndim < 1 or x.shape[-1] != in_features:
+        raise ValueError(f"block_sparse_linear: x must end in in_features = {in_features}, got shape "
+                         f"{list(x.shape)}")
+    if tuple(w.shape) != (layout.nnz, bh, bw):
+        raise ValueError(f"block_sparse_linear: w must hold the layout's {layout.nnz} blocks of {(bh, bw)}, shape "
+                         f"{[layout.nnz, bh, bw]}, got {list(w.shape)}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (out_features,):
+            got = list(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
+            raise ValueError(f"block_sparse_linear: bias must be None or of shape [{out_features}], got {got}")
+    for name, t in (("w", w), ("bias", bias)):
+        if t is None:
+            continue
+        if t.device != x.device:
+            raise ValueError(f"block_sparse_linear: {name} is on {t.device} but x is on {x.device}: move them to "
+                             f"one device (e.g. module.to(x.device))")
+        if t.dtype != x.dtype:
+            raise TypeError(f"block_sparse_linear: {name} is {t.dtype} but x is {x.dtype}: use one dtype (e.g. "
+                            f"module.to(x.dtype), or x.to({t.dtype}))")
+
+
+def block_sparse_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+                        layout: BlockSparseLayout) -> torch.Tensor:
+    """``x Wᵀ + bias`` for the block-sparse ``W`` whose kept blocks are ``w`` (``(nnz, bh, bw)``, in
+    ``layout``'s order); ``x`` of any leading dims, ending in ``in_features``.
+
+    >>> import torch
+    >>> lay = BlockSparseLayout(torch.tensor([[True, False], [False, True]]), (1, 2))
+    >>> block_sparse_linear(torch.ones(1, 4), torch.ones(2, 1, 2), None, lay)
+    tensor([[2., 2.]])
+    """
+    check(x, w, bias, layout)
+    out_features, in_features = layout.shape
+    idx = layout.indices(x.device)
+    y = torch.ops.opforge.block_sparse_mm(x.reshape(-1, in_features), w, bias, *idx, out_features)
+    return y.view(*x.shape[:-1], out_features)
+
+
+__all__ = ["block_sparse_linear", "check", "forget"]

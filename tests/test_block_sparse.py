@@ -1,0 +1,289 @@
+"""Block-sparse matmul (``opforge.ops.block_sparse_linear``) and ``opforge.nn.BlockSparseLinear``.
+
+The reference is a masked dense computation in fp64: ``x @ (W * mask)ᵀ + bias``, with the
+gradient of ``W`` taken on the dense weight and read back on the kept blocks. Every
+implementation that runs here is checked against it (on this machine: the torch path; the GPU
+kernels in test_block_sparse_cuda.py against the same reference).
+
+Tolerances: the implementations compute in fp32 (fp64 for fp64 inputs). Each output is a sum
+of K products of N(0, 1) terms (K: in_features for y, out_features for dx, tokens for dW), its
+partial sums of size ~sqrt(K), each addition rounding by 2^-24 of that: an error of about
+K * 2^-24 in the worst direction; atol = K * 2^-22 (a 4x margin), rtol 1e-5. fp64: 1e-12.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import opforge.ops  # noqa: F401  (registers torch.ops.opforge.*)
+from opforge.kernel_loader import BlockSparseLoader
+from opforge.kernels.block_sparse.layout import BlockSparseLayout
+from opforge.nn import BlockSparseLinear, sparsify
+from opforge.ops import block_sparse_linear
+
+TOL = {torch.float32: (1e-5, 1e-5), torch.float64: (1e-12, 1e-12)}
+
+
+def layout_of(kind: str, out_f: int, in_f: int, bs: tuple[int, int], seed: int = 0) -> BlockSparseLayout:
+    grid = (out_f // bs[0], in_f // bs[1])
+    g = torch.Generator().manual_seed(seed)
+    if kind == "one_block":
+        mask = torch.zeros(grid, dtype=torch.bool)
+        mask[grid[0] // 2, grid[1] - 1] = True
+        return BlockSparseLayout(mask, bs)
+    if kind == "empty_rows_cols":  # block-row 0 and block-column 1 empty, the rest dense
+        mask = torch.ones(grid, dtype=torch.bool)
+        mask[0, :] = False
+        mask[:, 1] = False
+        return BlockSparseLayout(mask, bs)
+    return BlockSparseLayout.random(out_f, in_f, float(kind), bs, generator=g)
+
+
+def dense_reference(x, w_blocks, bias, layout, dy):
+    """y, dx, dW (on the kept blocks) and db, by masked dense fp64 autograd."""
+    x64 = x.detach().double().requires_grad_()
+    wd = layout.scatter(w_blocks.detach().double()).requires_grad_()
+    b64 = None if bias is None else bias.detach().double().requires_grad_()
+    y = x64 @ (wd * layout.dense_mask().double()).T
+    if b64 is not None:
+        y = y + b64
+    y.backward(dy.double())
+    return y, x64.grad, layout.gather(wd.grad), None if b64 is None else b64.grad
+
+
+def check_against_dense(x, layout, dtype=torch.float32, bias=True, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    bh, bw = layout.block_shape
+    w = torch.randn(layout.nnz, bh, bw, generator=g, dtype=dtype).requires_grad_()
+    b = torch.randn(layout.shape[0], generator=g, dtype=dtype).requires_grad_() if bias else None
+    x = x.to(dtype).requires_grad_()
+    y = block_sparse_linear(x, w, b, layout)
+    dy = torch.randn(y.shape, generator=g, dtype=dtype)
+    y.backward(dy)
+    ry, rdx, rdw, rdb = dense_reference(x, w, b, layout, dy)
+    rtol, atol = TOL[dtype]
+    if dtype == torch.float32:
+        atol = max(atol, max(layout.shape + (x.numel() // max(1, layout.shape[1]),)) * 2**-22)
+    torch.testing.assert_close(y.double(), ry, rtol=rtol, atol=atol)
+    torch.testing.assert_close(x.grad.double(), rdx, rtol=rtol, atol=atol)
+    torch.testing.assert_close(w.grad.double(), rdw, rtol=rtol, atol=atol)
+    if bias:
+        torch.testing.assert_close(b.grad.double(), rdb, rtol=rtol, atol=atol)
+
+
+# -- against the masked dense reference --
+
+@pytest.mark.parametrize("bs", [(16, 16), (32, 32), (64, 64), (128, 128), (32, 64), (64, 16)], ids=str)
+@pytest.mark.parametrize("kind", ["1.0", "0.5", "0.1", "one_block", "empty_rows_cols"])
+def test_forward_and_gradients_match_masked_dense(bs, kind):
+    out_f, in_f = 4 * bs[0], 3 * bs[1]
+    if bs[0] >= 64:
+        out_f = 2 * bs[0]
+    layout = layout_of(kind, out_f, in_f, bs)
+    check_against_dense(torch.randn(2, 7, in_f), layout)
+
+
+@pytest.mark.parametrize("how", ["batched_3d", "transposed", "sliced", "1d", "empty"])
+def test_batched_non_contiguous_and_empty_inputs(how):
+    layout = layout_of("0.5", 64, 96, (16, 32), seed=3)
+    base = torch.randn(5, 4, 96)
+    x = {"batched_3d": base, "transposed": base.transpose(0, 1), "sliced": torch.randn(5, 4, 192)[..., ::2],
+         "1d": base[0, 0], "empty": torch.randn(0, 96)}[how]
+    check_against_dense(x, layout)
+
+
+def test_no_bias_and_fp64():
+    layout = layout_of("0.5", 64, 64, (16, 16))
+    check_against_dense(torch.randn(3, 64), layout, bias=False)
+    check_against_dense(torch.randn(3, 64), layout, dtype=torch.float64)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from([(16, 16), (32, 16), (16, 64)]), st.integers(1, 4), st.integers(1, 4),
+       st.integers(0, 9), st.floats(0.05, 1.0), st.integers(0, 2**16))
+def test_any_grid_density_and_token_count(bs, rows, cols, tokens, density, seed):
+    layout = BlockSparseLayout.random(rows * bs[0], cols * bs[1], density, bs,
+                                      generator=torch.Generator().manual_seed(seed))
+    check_against_dense(torch.randn(tokens, cols * bs[1], generator=torch.Generator().manual_seed(seed)), layout,
+                        seed=seed)
+
+
+def test_chunked_paths_agree(monkeypatch):
+    """The torch path cuts tokens (and blocks, for dW) into chunks: tiny chunks, same results."""
+    from opforge.kernels.block_sparse import reference
+
+    layout = layout_of("0.5", 64, 64, (16, 16))
+    monkeypatch.setattr(reference, "CHUNK_ELEMENTS", 16 * 16 * 3)
+    check_against_dense(torch.randn(11, 64), layout)
+
+
+def test_bf16_and_fp16_on_the_cpu():
+    """Computed in fp32 and rounded once: within the dtype's half ulp of the fp32 result."""
+    layout = layout_of("0.5", 64, 64, (16, 16))
+    x, w = torch.randn(5, 64), torch.randn(layout.nnz, 16, 16)
+    ref = block_sparse_linear(x, w, None, layout)
+    for dtype, eps in ((torch.bfloat16, 2**-8), (torch.float16, 2**-11)):
+        out = block_sparse_linear(x.to(dtype), w.to(dtype), None, layout)
+        assert out.dtype == dtype
+        # inputs rounded to the dtype (relative error eps each), then sums of up to 64 products
+        torch.testing.assert_close(out.float(), ref, rtol=4 * eps, atol=4 * eps * ref.abs().max().item())
+
+
+# -- gradcheck and opcheck --
+
+@pytest.mark.parametrize("kind", ["0.5", "empty_rows_cols"])
+def test_gradcheck_and_gradgradcheck_fp64(kind):
+    layout = layout_of(kind, 8, 12, (2, 3), seed=5)
+    x = torch.randn(3, 12, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(layout.nnz, 2, 3, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    f = lambda x, w, b: block_sparse_linear(x, w, b, layout)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (x, w, b))
+    assert torch.autograd.gradgradcheck(f, (x, w, b))
+
+
+def test_opcheck_on_the_three_ops():
+    layout = layout_of("0.5", 32, 48, (16, 16))
+    idx = layout.indices()
+    x, dy = torch.randn(5, 48, requires_grad=True), torch.randn(5, 32, requires_grad=True)
+    w = torch.randn(layout.nnz, 16, 16, requires_grad=True)
+    b = torch.randn(32, requires_grad=True)
+    torch.library.opcheck(torch.ops.opforge.block_sparse_mm.default, (x, w, b, *idx, 32))
+    torch.library.opcheck(torch.ops.opforge.block_sparse_mm.default, (x, w, None, *idx, 32))
+    torch.library.opcheck(torch.ops.opforge.block_sparse_mm_t.default, (dy, w, *idx, 48))
+    torch.library.opcheck(torch.ops.opforge.block_sparse_sddmm.default, (dy, x, *idx, 16, 16))
+
+
+def test_torch_compile_fullgraph():
+    m = BlockSparseLinear(64, 32, density=0.5, block_shape=(16, 16), generator=torch.Generator().manual_seed(0))
+    x = torch.randn(4, 64)
+    compiled = torch.compile(lambda t: m(t).relu().sum(), fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), m(x).relu().sum())
+
+
+# -- the layout --
+
+def test_layout_indices_agree_with_the_mask():
+    layout = layout_of("0.3", 5 * 16, 7 * 16, (16, 16), seed=9)
+    idx = layout.indices()
+    mask = layout.mask
+    assert torch.equal(torch.stack([idx.rows, idx.cols], 1), mask.nonzero())
+    for r in range(mask.shape[0]):
+        assert idx.cols[idx.row_ptr[r]:idx.row_ptr[r + 1]].tolist() == mask[r].nonzero().flatten().tolist()
+    for c in range(mask.shape[1]):
+        blocks = idx.col_order[idx.col_ptr[c]:idx.col_ptr[c + 1]]
+        assert (idx.cols[blocks] == c).all()
+        assert idx.rows[blocks].tolist() == mask[:, c].nonzero().flatten().tolist()
+    assert layout.indices() is idx  # built once per device
+    w = torch.randn(layout.shape)
+    assert torch.equal(layout.scatter(layout.gather(w)), w * layout.dense_mask())
+
+
+def test_magnitude_keeps_the_largest_blocks():
+    w = torch.zeros(4, 4)
+    w[0:2, 2:4] = 3.0
+    w[2:4, 0:2] = -2.0
+    w[0:2, 0:2] = 0.5
+    layout = BlockSparseLayout.by_magnitude(w, 0.5, (2, 2))
+    assert layout.mask.tolist() == [[False, True], [True, False]]
+
+
+# -- the module --
+
+def test_from_dense_at_density_one_is_the_dense_layer():
+    lin = torch.nn.Linear(96, 64)
+    m = BlockSparseLinear.from_dense(lin, density=1.0, block_shape=(32, 32))
+    x = torch.randn(3, 5, 96)
+    torch.testing.assert_close(m(x), lin(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(m.to_dense(), lin.weight)
+    half = BlockSparseLinear.from_dense(lin, density=0.5, block_shape=(32, 32))
+    assert half.layout.nnz == 3
+    torch.testing.assert_close(half.to_dense(), lin.weight * half.layout.dense_mask())
+
+
+def test_a_small_model_trains():
+    torch.manual_seed(0)
+    data = torch.randn(256, 32)
+    target = torch.sin(data @ torch.randn(32, 4))
+    model = torch.nn.Sequential(BlockSparseLinear(32, 64, density=0.5, block_shape=(16, 16)), torch.nn.Tanh(),
+                                BlockSparseLinear(64, 16, density=0.5, block_shape=(16, 16)), torch.nn.Tanh(),
+                                torch.nn.Linear(16, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(150):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(data), target)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.3 * losses[0], (losses[0], losses[-1])
+
+
+def test_state_dict_round_trip_carries_the_layout(tmp_path):
+    a = BlockSparseLinear(64, 64, density=0.25, block_shape=(16, 16), generator=torch.Generator().manual_seed(1))
+    b = BlockSparseLinear(64, 64, density=0.75, block_shape=(16, 16), generator=torch.Generator().manual_seed(2))
+    assert a.layout != b.layout
+    torch.save(a.state_dict(), tmp_path / "a.pt")
+    b.load_state_dict(torch.load(tmp_path / "a.pt"))
+    assert b.layout == a.layout and b.weight_blocks.shape == a.weight_blocks.shape
+    x = torch.randn(2, 64)
+    torch.testing.assert_close(b(x), a(x))
+    b(x).sum().backward()  # the new parameter trains
+    assert b.weight_blocks.grad is not None
+    wrong = BlockSparseLinear(64, 32, block_shape=(16, 16))
+    with pytest.raises(RuntimeError, match="layout_mask has shape \\[4, 4\\], this layer's block grid is \\[2, 4\\]"):
+        wrong.load_state_dict(a.state_dict())
+
+
+def test_sparsify_replaces_matching_layers_and_reports():
+    model = torch.nn.ModuleDict({"attn": torch.nn.Linear(64, 64), "mlp": torch.nn.Sequential(
+        torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)), "head": torch.nn.Linear(64, 10)})
+    x = torch.randn(2, 64)
+    before = model["mlp"](x)
+    report = sparsify(model, {r"^mlp\.": 1.0, "head": 0.5}, block_shape=(32, 32))
+    assert isinstance(model["mlp"][0], BlockSparseLinear) and isinstance(model["mlp"][2], BlockSparseLinear)
+    assert isinstance(model["attn"], torch.nn.Linear) and isinstance(model["head"], torch.nn.Linear)
+    torch.testing.assert_close(model["mlp"](x), before, rtol=1e-5, atol=1e-5)
+    assert [(c.name, c.replaced) for c in report] == [("mlp.0", True), ("mlp.2", True), ("head", False)]
+    assert "out_features must be a multiple of 32" in report[2].reason
+    assert "2 of 3 matching layers replaced" in str(report)
+
+
+# -- bad input --
+
+def test_bad_input_gets_a_clear_error():
+    with pytest.raises(ValueError, match=r"does not split into blocks of \(32, 32\): out_features must be a "
+                                         r"multiple of 32 .*e\.g\. \(16, 16\)"):
+        BlockSparseLinear(48, 80, block_shape=(32, 32))
+    for d in (0.0, -0.5, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=r"density must be in \(0, 1\]"):
+            BlockSparseLinear(64, 64, density=d, block_shape=(16, 16))
+    other = BlockSparseLayout.random(32, 64, 0.5, (16, 16))
+    with pytest.raises(ValueError, match=r"the layout is for a \(32, 64\) weight, this layer's is \(64, 64\)"):
+        BlockSparseLinear(64, 64, layout=other)
+    m = BlockSparseLinear(64, 32, block_shape=(16, 16))
+    with pytest.raises(ValueError, match=r"x must end in in_features = 64, got shape \[2, 63\]"):
+        m(torch.randn(2, 63))
+    with pytest.raises(ValueError, match=r"w is on meta but x is on cpu: move them to one device"):
+        block_sparse_linear(torch.randn(2, 64), m.weight_blocks.detach().to("meta"), None, m.layout)
+    with pytest.raises(TypeError, match=r"x must be float16, bfloat16, float32 or float64, got torch.int64"):
+        m(torch.ones(2, 64, dtype=torch.int64))
+    with pytest.raises(TypeError, match=r"w is torch.float32 but x is torch.float64: use one dtype"):
+        m(torch.randn(2, 64, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"w must hold the layout's"):
+        block_sparse_linear(torch.randn(2, 64), torch.randn(1, 16, 16), None, m.layout)
+    with pytest.raises(ValueError, match=r"bias must be None or of shape \[32\]"):
+        block_sparse_linear(torch.randn(2, 64), m.weight_blocks, torch.zeros(31), m.layout)
+    with pytest.raises(ValueError, match=r"block_shape must be two positive ints"):
+        BlockSparseLinear(64, 64, block_shape=(0, 16))
+    with pytest.raises(ValueError, match="not a regular expression"):
+        sparsify(torch.nn.Linear(4, 4), {"(": 0.5})
+
+
+def test_the_family_is_in_the_loader():
+    names = [c.name for c in BlockSparseLoader().candidates(device="cpu")]
+    assert "block_sparse_torch" in names
+    assert BlockSparseLoader().load(device="cpu").name == "block_sparse_torch"
