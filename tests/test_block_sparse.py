@@ -47,7 +47,7 @@ def dense_reference(x, w_blocks, bias, layout, dy):
     x64 = x.detach().double().requires_grad_()
     wd = layout.scatter(w_blocks.detach().double()).requires_grad_()
     b64 = None if bias is None else bias.detach().double().requires_grad_()
-    y = x64 @ (wd * layout.dense_mask().double()).T
+    y = x64 @ (wd * layout.dense_mask().to(wd.device).double()).T
     if b64 is not None:
         y = y + b64
     y.backward(dy.double())

@@ -17,16 +17,7 @@ from __future__ import annotations
 from . import reference
 from .activations import ACTIVATIONS, SELU_ALPHA, SELU_SCALE
 
-try:
-    import triton
-    import triton.language as tl
-
-    jit = triton.jit
-except ImportError:  # see the module doc; annotations are strings (``from __future__``), never evaluated
-    triton = tl = None
-
-    def jit(fn):
-        return fn
+from ..triton_compat import jit, tl, triton
 
 CODES = {"linear": 1, "relu": 2, "lrelu": 3, "tanh": 4, "sigmoid": 5, "elu": 6, "selu": 7, "softplus": 8,
          "swish": 9, "gelu": 10, "gelu_tanh": 11}

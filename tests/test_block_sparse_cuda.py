@@ -1,0 +1,112 @@
+"""Block-sparse matmul's Triton kernels on a GPU (skipped without one), against the masked dense
+fp64 reference of test_block_sparse.py, through the op and its autograd.
+
+Tolerances: fp16 and bf16 inputs are exact in fp32, the kernels accumulate in fp32 and round the
+output once: an error of half an ulp of the output (2^-11 fp16, 2^-8 bf16, relative) plus the
+fp32 accumulation's K * 2^-24 (K: the length of each sum). fp32 runs in IEEE fp32 (torch's
+default: no TF32), so test_block_sparse's fp32 tolerance holds. The reference sees the inputs
+as rounded to the dtype.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_block_sparse import dense_reference, layout_of
+
+import opforge.ops  # noqa: F401
+from opforge.kernel_loader import BlockSparseLoader
+from opforge.ops import block_sparse as ops_module
+from opforge.ops import block_sparse_linear
+
+pytestmark = pytest.mark.cuda
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+EPS = {torch.float16: 2**-11, torch.bfloat16: 2**-8, torch.float32: 2**-24}
+
+
+def check(x, layout, dtype, bias=True, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    bh, bw = layout.block_shape
+    w = torch.randn(layout.nnz, bh, bw, generator=g, device="cuda").to(dtype).requires_grad_()
+    b = torch.randn(layout.shape[0], generator=g, device="cuda").to(dtype).requires_grad_() if bias else None
+    x = x.to(device="cuda", dtype=dtype).requires_grad_()
+    y = block_sparse_linear(x, w, b, layout)
+    dy = torch.randn(y.shape, generator=g, device="cuda").to(dtype)
+    y.backward(dy)
+    ry, rdx, rdw, rdb = dense_reference(x, w, b, layout, dy)
+    tokens = x.numel() // max(1, layout.shape[1])
+    for got, ref, k in ((y, ry, layout.shape[1]), (x.grad, rdx, layout.shape[0]), (w.grad, rdw, tokens),
+                        (None if b is None else b.grad, rdb, tokens)):
+        if got is None:
+            continue
+        assert got.dtype == dtype
+        scale = ref.abs().max().item() if ref.numel() else 0.0
+        atol = (EPS[dtype] + max(1, k) * 2**-22) * max(1.0, scale)
+        torch.testing.assert_close(got.double(), ref, rtol=2 * EPS[dtype] + 1e-5, atol=atol)
+
+
+@pytest.fixture(autouse=True)
+def triton_variant():
+    kernel = BlockSparseLoader().load(device="cuda")
+    assert kernel.name == "block_sparse_triton", kernel
+    ops_module.forget()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("bs", [(16, 16), (32, 32), (64, 64), (128, 128), (32, 64), (64, 16), (128, 32)], ids=str)
+@pytest.mark.parametrize("kind", ["1.0", "0.5", "0.1", "one_block", "empty_rows_cols"])
+def test_kernels_match_masked_dense(dtype, bs, kind):
+    out_f, in_f = 4 * bs[0], 3 * bs[1]
+    layout = layout_of(kind, out_f, in_f, bs)
+    check(torch.randn(2, 37, in_f), layout, dtype)
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 16, 64, 300, 1031])
+def test_token_counts_from_decode_to_odd(tokens):
+    layout = layout_of("0.25", 512, 256, (64, 64), seed=2)
+    check(torch.randn(tokens, 256), layout, torch.bfloat16)
+
+
+@pytest.mark.parametrize("how", ["transposed", "sliced", "empty"])
+def test_non_contiguous_and_empty(how):
+    layout = layout_of("0.5", 128, 96, (32, 32), seed=3)
+    base = torch.randn(6, 5, 96)
+    x = {"transposed": base.transpose(0, 1), "sliced": torch.randn(6, 5, 192)[..., ::2],
+         "empty": torch.randn(0, 96)}[how]
+    check(x, layout, torch.float16)
+
+
+def test_many_tokens_split_the_weight_gradient():
+    """Few blocks and many tokens: grad_weight splits the tokens and adds fp32 partials."""
+    layout = layout_of("one_block", 128, 128, (64, 64))
+    check(torch.randn(6000, 128), layout, torch.bfloat16, bias=False)
+
+
+def test_unsupported_blocks_fall_back_to_torch_on_the_gpu():
+    layout = layout_of("0.5", 24, 36, (8, 12))
+    check(torch.randn(3, 36), layout, torch.float32)
+
+
+def test_fp64_runs_the_torch_path_and_gradchecks():
+    layout = layout_of("0.5", 32, 32, (16, 16))
+    x = torch.randn(3, 32, dtype=torch.float64, device="cuda", requires_grad=True)
+    w = torch.randn(layout.nnz, 16, 16, dtype=torch.float64, device="cuda", requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w: block_sparse_linear(x, w, None, layout), (x, w))
+
+
+def test_the_module_on_cuda_and_deterministic_grads():
+    from opforge.nn import BlockSparseLinear
+
+    lin = torch.nn.Linear(256, 128).cuda()
+    m = BlockSparseLinear.from_dense(lin, density=1.0, block_shape=(32, 32))
+    x = torch.randn(4, 9, 256, device="cuda")
+    torch.testing.assert_close(m(x), lin(x), rtol=1e-4, atol=1e-4)
+    grads = []
+    for _ in range(2):
+        m.zero_grad()
+        m(torch.randn(2000, 256, device="cuda", generator=torch.Generator("cuda").manual_seed(1))).square().sum() \
+            .backward()
+        grads.append(m.weight_blocks.grad.clone())
+    assert torch.equal(grads[0], grads[1])
