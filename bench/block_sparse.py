@@ -17,8 +17,10 @@ For each (dtype, shape, block, density), a random block mask (seeded) and, per o
 
 Times: ``triton.testing.do_bench`` (L2 cleared before each call, median). TFLOP/s count the
 useful FLOPs (2 T in out × density, the kept blocks' work) for every row, dense included, so
-"vs dense" is the speedup and "ideal" is 1 / density. Decode (``--decode``, T <= 64, fwd):
-GB/s of the kept weight's bytes against a device-to-device copy of as many bytes.
+"vs dense" is the speedup and "ideal" is 1 / density. Decode (``--decode``, T <= 64, fwd, on
+``--decode-shape``): GB/s of the kept weight's bytes against a device-to-device copy of as
+many bytes, both timed as CUDA graph replays (``do_bench_cudagraph``: the GPU's time, as a
+decoder that captures its step sees it; host launch costs would otherwise be most of it).
 """
 
 from __future__ import annotations
@@ -35,10 +37,13 @@ import torch.nn.functional as F
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def bench(fn) -> float | None:
+def bench(fn, graph: bool = False) -> float | None:
     import triton.testing
 
     try:
+        if graph:  # the GPU's time alone: one CUDA graph of the call, replayed (how decoders run)
+            fn()
+            return triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median") / 1e3
         return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") / 1e3
     except Exception as exc:  # noqa: BLE001 - a peer that can't run a case: reported, not fatal
         print(f"    failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", file=sys.stderr)
@@ -117,10 +122,10 @@ def decode_case(impl, dtype, tokens, k_in, n_out, block, density, seed=0) -> dic
     idx = layout.indices(dev)
     x = torch.randn(tokens, k_in, device=dev, dtype=dtype)
     w = torch.randn(layout.nnz, block, block, device=dev, dtype=dtype)
-    t = bench(lambda: impl.forward(x, w, None, idx.rows, idx.cols, idx.row_ptr, n_out))
+    t = bench(lambda: impl.forward(x, w, None, idx.rows, idx.cols, idx.row_ptr, n_out), graph=True)
     src = torch.empty_like(w)
     dst = torch.empty_like(w)
-    tc = bench(lambda: dst.copy_(src))
+    tc = bench(lambda: dst.copy_(src), graph=True)
     nbytes = w.numel() * w.element_size()
     return {"dtype": str(dtype).replace("torch.", ""), "tokens": tokens, "shape": f"{k_in}x{n_out}", "block": block,
             "density": round(layout.density, 4), "seconds": t, "weight_GBps": nbytes / t / 1e9 if t else None,
@@ -135,10 +140,11 @@ def fmt_t(t):
 def main() -> None:
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--dtype", default="bf16,fp16")
-    ap.add_argument("--shapes", nargs="+", default=["8192x4096x4096", "16384x4096x14336"])
+    ap.add_argument("--shapes", nargs="*", default=["8192x4096x4096", "16384x4096x14336"])
     ap.add_argument("--blocks", default="32,64,128")
     ap.add_argument("--densities", default="0.5,0.25,0.1")
     ap.add_argument("--decode", default="1,16,64", help="token counts of the decode case ('' for none)")
+    ap.add_argument("--decode-shape", default="4096x14336", help="in x out of the decode case")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -168,7 +174,8 @@ def main() -> None:
         for tokens in (int(t) for t in args.decode.split(",") if t):
             for block in (int(b) for b in args.blocks.split(",")):
                 for density in (float(d) for d in args.densities.split(",")):
-                    decode.append(decode_case(impl, dtype, tokens, 4096, 4096, block, density))
+                    k_in, n_out = (int(v) for v in args.decode_shape.split("x"))
+                    decode.append(decode_case(impl, dtype, tokens, k_in, n_out, block, density))
     print("\n| dtype | shape | block | density | op | dense | torch BSR | opforge | opforge TFLOP/s | vs dense "
           "| ideal | vs BSR |")
     print("|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
