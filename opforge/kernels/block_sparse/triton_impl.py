@@ -10,9 +10,9 @@
   blocks to fill the GPU) the fp32 partial sums are added in a fixed order, so the result
   is deterministic.
 
-The block-row (column) is the grid's fastest dimension: the programs that run together share
-one tile of tokens, which stays in L2 while they read their blocks of ``w``. Empty block-rows
-(columns) store zeros (plus the bias). fp16 and bf16 take the tensor cores
+Programs are ordered in groups (``_tile``): 8 consecutive tiles of tokens walk every block-row
+(column) together, so their tokens stay in L2 and each block of ``w`` is read once per group.
+Empty block-rows (columns) store zeros (plus the bias). fp16 and bf16 take the tensor cores
 with fp32 accumulation; fp32 follows ``torch.backends.cuda.matmul.allow_tf32`` as torch's
 own matmul does (IEEE fp32 by default). Each kernel is autotuned per (block shape, dtype,
 size class). Other dtypes, block sides and devices run the torch path (``supported``).
@@ -36,7 +36,7 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 def _m_configs():
-    return [triton.Config({"BLOCK_M": m, "BLOCK_K": k}, num_warps=w, num_stages=st)
+    return [triton.Config({"BLOCK_M": m, "BLOCK_K": k, "GROUP_M": 8}, num_warps=w, num_stages=st)
             for m, k, w, st in ((128, 64, 8, 3), (128, 64, 4, 4), (128, 128, 8, 3), (256, 64, 8, 3), (64, 64, 4, 4),
                                 (128, 32, 4, 4), (128, 16, 4, 4), (64, 16, 4, 5), (32, 64, 4, 4), (16, 64, 4, 4),
                                 (16, 16, 4, 5))]
@@ -57,7 +57,7 @@ def _prune_for(k_side: str, n_side: str):
                 and (c.kwargs["BLOCK_M"] + nb) * c.kwargs["BLOCK_K"] * 2 * c.num_stages <= 200 * 1024]
         if not kept:  # no config fits: the smallest tile, its K step cut to the block
             small = min(configs, key=lambda c: (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]))
-            kept = [triton.Config({"BLOCK_M": small.kwargs["BLOCK_M"], "BLOCK_K": min(kb, small.kwargs["BLOCK_K"])},
+            kept = [triton.Config({**small.kwargs, "BLOCK_K": min(kb, small.kwargs["BLOCK_K"])},
                                   num_warps=small.num_warps, num_stages=small.num_stages)]
         return kept
     return prune
@@ -68,12 +68,26 @@ def _bucket(t: int) -> int:
 
 
 @jit
+def _tile(n_lines, T, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr):
+    """(line, token tile) of this program: GROUP_M consecutive token tiles walk every line (a
+    block-row or -column) together, so their tokens stay in L2 while each line's blocks are
+    read once for the group rather than once per tile."""
+    pid = tl.program_id(0)
+    n_m = tl.cdiv(T, BLOCK_M)
+    per_group = GROUP_M * n_lines
+    first_m = (pid // per_group) * GROUP_M
+    size_m = tl.minimum(n_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % size_m
+    line = (pid % per_group) // size_m
+    return line, pid_m
+
+
+@jit
 def _fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, cols_ptr, row_ptr_ptr, T, K_IN, N_OUT, T_BUCKET, SPLIT,
                 BH: tl.constexpr, BW: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
-                PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    r = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    sp = tl.program_id(2)
+                PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    r, pid_m = _tile(N_OUT // BH, T, BLOCK_M, GROUP_M)
+    sp = tl.program_id(1)
     KSTEPS: tl.constexpr = BW // BLOCK_K
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_h = tl.arange(0, BH)
@@ -105,9 +119,8 @@ def _fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, cols_ptr, row_ptr_ptr, T, K_IN, N_OU
 @jit
 def _dx_kernel(dy_ptr, w_ptr, dx_ptr, rows_ptr, col_ptr_ptr, order_ptr, T, N_OUT, N_IN, T_BUCKET,
                BH: tl.constexpr, BW: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_K: tl.constexpr):
-    c = tl.program_id(0)
-    pid_m = tl.program_id(1)
+               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    c, pid_m = _tile(N_IN // BW, T, BLOCK_M, GROUP_M)
     KSTEPS: tl.constexpr = BH // BLOCK_K
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
@@ -219,7 +232,7 @@ def forward(x, w, bias, rows, cols, row_ptr, out_features: int):
     grid_r = out_features // bh
     split = decode_split(tokens, out_features, grid_r, nnz, bh * bw * x.element_size(), _sms(x.device))
     out = y if split == 1 else torch.empty(split, tokens, out_features, dtype=torch.float32, device=x.device)
-    grid = lambda meta: (grid_r, triton.cdiv(tokens, meta["BLOCK_M"]), split)  # noqa: E731
+    grid = lambda meta: (grid_r * triton.cdiv(tokens, meta["BLOCK_M"]), split)  # noqa: E731
     _launch("fwd", grid, x, w, bias if bias is not None else w, out, cols, row_ptr, tokens, in_features,
             out_features, _bucket(tokens), split, BH=bh, BW=bw, HAS_BIAS=bias is not None, PARTIAL=split > 1,
             PRECISION=_precision(x.dtype))
@@ -239,7 +252,7 @@ def grad_input(dy, w, rows, cols, col_ptr, col_order, in_features: int):
     dx = torch.empty(tokens, in_features, dtype=dy.dtype, device=dy.device)
     if tokens == 0:
         return dx
-    grid = lambda meta: (in_features // bw, triton.cdiv(tokens, meta["BLOCK_M"]))  # noqa: E731
+    grid = lambda meta: (in_features // bw * triton.cdiv(tokens, meta["BLOCK_M"]),)  # noqa: E731
     _launch("dx", grid, dy, w, dx, rows, col_ptr, col_order, tokens, out_features, in_features, _bucket(tokens),
                      BH=bh, BW=bw, PRECISION=_precision(dy.dtype))
     return dx
