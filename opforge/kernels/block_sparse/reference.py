@@ -38,35 +38,32 @@ def _chunks(tokens: int, per_token: int):
         yield t0, min(tokens, t0 + step)
 
 
-def forward(x, w, bias, rows, cols, row_ptr, out_features: int):
-    nnz, bh, bw = w.shape
-    tokens = x.shape[0]
-    cd = _compute_dtype(x)
-    wc = w.to(cd)
-    y = torch.zeros(out_features // bh, tokens, bh, dtype=cd, device=x.device)
-    xb = x.to(cd).view(tokens, x.shape[1] // bw, bw).transpose(0, 1)  # (C, T, bw)
+def _gather_mm_scatter(src, gather, scatter, mats, lines: int):
+    """``out[:, scatter[k]] += src[:, gather[k]] @ mats[k]`` for every block ``k``, with ``src``
+    ``(T, n * ks)`` seen as n slices of ``ks`` columns, ``mats`` ``(nnz, ks, ko)`` and ``out``
+    ``(T, lines * ko)``, in the compute dtype; tokens in chunks."""
+    nnz, ks, ko = mats.shape
+    tokens = src.shape[0]
+    out = torch.zeros(lines, tokens, ko, dtype=mats.dtype, device=src.device)
+    sb = src.to(mats.dtype).view(tokens, src.shape[1] // ks, ks).transpose(0, 1)  # (n, T, ks)
     if nnz:
-        for t0, t1 in _chunks(tokens, nnz * max(bh, bw)):
-            part = torch.bmm(xb[cols, t0:t1], wc.transpose(1, 2))  # (nnz, t, bh)
-            y[:, t0:t1].index_add_(0, rows, part)
-    y = y.transpose(0, 1).reshape(tokens, out_features)
+        for t0, t1 in _chunks(tokens, nnz * max(ks, ko)):
+            out[:, t0:t1].index_add_(0, scatter, torch.bmm(sb[gather, t0:t1], mats))
+    return out.transpose(0, 1).reshape(tokens, lines * ko)
+
+
+def forward(x, w, bias, rows, cols, row_ptr, out_features: int):
+    bh = w.shape[1]
+    cd = _compute_dtype(x)
+    y = _gather_mm_scatter(x, cols, rows, w.to(cd).transpose(1, 2), out_features // bh)
     if bias is not None:
         y += bias.to(cd)
     return y.to(x.dtype)
 
 
 def grad_input(dy, w, rows, cols, col_ptr, col_order, in_features: int):
-    nnz, bh, bw = w.shape
-    tokens = dy.shape[0]
-    cd = _compute_dtype(dy)
-    wc = w.to(cd)
-    dx = torch.zeros(in_features // bw, tokens, bw, dtype=cd, device=dy.device)
-    gb = dy.to(cd).view(tokens, dy.shape[1] // bh, bh).transpose(0, 1)  # (R, T, bh)
-    if nnz:
-        for t0, t1 in _chunks(tokens, nnz * max(bh, bw)):
-            part = torch.bmm(gb[rows, t0:t1], wc)  # (nnz, t, bw)
-            dx[:, t0:t1].index_add_(0, cols, part)
-    return dx.transpose(0, 1).reshape(tokens, in_features).to(dy.dtype)
+    bw = w.shape[2]
+    return _gather_mm_scatter(dy, rows, cols, w.to(_compute_dtype(dy)), in_features // bw).to(dy.dtype)
 
 
 def grad_weight(dy, x, rows, cols, bh: int, bw: int):

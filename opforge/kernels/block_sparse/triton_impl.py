@@ -254,7 +254,7 @@ def grad_input(dy, w, rows, cols, col_ptr, col_order, in_features: int):
         return dx
     grid = lambda meta: (in_features // bw * triton.cdiv(tokens, meta["BLOCK_M"]),)  # noqa: E731
     _launch("dx", grid, dy, w, dx, rows, col_ptr, col_order, tokens, out_features, in_features, _bucket(tokens),
-                     BH=bh, BW=bw, PRECISION=_precision(dy.dtype))
+            BH=bh, BW=bw, PRECISION=_precision(dy.dtype))
     return dx
 
 
