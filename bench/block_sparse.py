@@ -92,7 +92,7 @@ def run_case(impl, dtype, tokens, k_in, n_out, block, density, seed=0) -> list[d
         "wgrad": {
             "dense": lambda: torch.mm(dy.t(), x),
             "torch BSR": (lambda: bsr[3](bsr[0], dy.t(), x, beta=0.0)) if bsr else None,
-            "opforge": lambda: impl.grad_weight(dy, x, idx.rows, idx.cols, block, block),
+            "opforge": lambda: impl.grad_weight(dy, x, idx.rows, idx.cols, idx.row_ptr, block, block),
         },
     }
     # correctness of opforge against dense first (fp32 accumulate on both sides)

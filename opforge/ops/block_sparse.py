@@ -75,7 +75,7 @@ def _(dy, w, rows, cols, row_ptr, col_ptr, col_order, in_features):
 @torch.library.custom_op("opforge::block_sparse_sddmm", mutates_args=())
 def _sddmm(dy: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, row_ptr: torch.Tensor,
            col_ptr: torch.Tensor, col_order: torch.Tensor, bh: int, bw: int) -> torch.Tensor:
-    return _kernel(x).grad_weight(dy.contiguous(), x.contiguous(), rows, cols, bh, bw)
+    return _kernel(x).grad_weight(dy.contiguous(), x.contiguous(), rows, cols, row_ptr, bh, bw)
 
 
 @_sddmm.register_fake

@@ -11,7 +11,7 @@ tensors' device; all tensors contiguous, one dtype (``bias`` too):
 
 * ``forward(x, w, bias, rows, cols, row_ptr, out_features) -> y``: ``y = x Wᵀ (+ bias)``;
 * ``grad_input(dy, w, rows, cols, col_ptr, col_order, in_features) -> dx``: ``dx = dy W``;
-* ``grad_weight(dy, x, rows, cols, bh, bw) -> dw``: ``dw[k] = dy[:, rows[k]]ᵀ x[:, cols[k]]``
+* ``grad_weight(dy, x, rows, cols, row_ptr, bh, bw) -> dw``: ``dw[k] = dy[:, rows[k]]ᵀ x[:, cols[k]]``
   (block slices), the gradient of ``W`` on the kept blocks only (an SDDMM).
 
 Compute: fp32 for fp16/bf16 on the CPU (upcast), fp64 for fp64; on a GPU, ``bmm`` in the
@@ -66,7 +66,7 @@ def grad_input(dy, w, rows, cols, col_ptr, col_order, in_features: int):
     return _gather_mm_scatter(dy, rows, cols, w.to(_compute_dtype(dy)), in_features // bw).to(dy.dtype)
 
 
-def grad_weight(dy, x, rows, cols, bh: int, bw: int):
+def grad_weight(dy, x, rows, cols, row_ptr, bh: int, bw: int):
     tokens = x.shape[0]
     nnz = rows.numel()
     cd = _compute_dtype(x)

@@ -5,10 +5,11 @@
   the tensor cores, adds the bias and stores its ``(BLOCK_M, bh)`` tile of ``y`` once.
 * ``grad_input``: the same over block-columns (CSC: ``col_ptr``, ``col_order``),
   ``dy[tile, rows[k]] @ w[k]`` into a ``(BLOCK_M, bw)`` tile of ``dx``.
-* ``grad_weight``: a program per (kept block ``k``, slice of the tokens) computes
-  ``dy[slice, rows[k]]ᵀ @ x[slice, cols[k]]``; with several slices (when there are too few
-  blocks to fill the GPU) the fp32 partial sums are added in a fixed order, so the result
-  is deterministic.
+* ``grad_weight``: a program per (up to ``G = 128 / bw`` consecutive kept blocks of one
+  block-row, slice of the tokens) computes ``dy[slice, r]ᵀ @ x[slice, cols of those blocks]``
+  as one ``(bh, G bw)`` product, reading the row's ``dy`` slice once for all of them; with
+  several slices (when there are too few blocks to fill the GPU) the fp32 partial sums are
+  added in a fixed order, so the result is deterministic.
 
 Programs are ordered in groups (``_tile``): 8 consecutive tiles of tokens walk every block-row
 (column) together, so their tokens stay in L2 and each block of ``w`` is read once per group.
@@ -147,33 +148,43 @@ def _dw_configs():
 
 
 def _dw_prune(configs, named_args, **kwargs):
-    bh, bw = _arg("BH", named_args, kwargs), _arg("BW", named_args, kwargs)
-    kept = [c for c in configs if c.kwargs["BLOCK_T"] * (bh + bw) * 2 * c.num_stages <= 200 * 1024]
+    bh, bw, g = _arg("BH", named_args, kwargs), _arg("BW", named_args, kwargs), _arg("G", named_args, kwargs)
+    kept = [c for c in configs if c.kwargs["BLOCK_T"] * (bh + g * bw) * 2 * c.num_stages <= 200 * 1024]
     return kept or [min(configs, key=lambda c: c.kwargs["BLOCK_T"])]
 
 
 @jit
-def _dw_kernel(dy_ptr, x_ptr, out_ptr, rows_ptr, cols_ptr, T, N_OUT, K_IN, NNZ, PER_SPLIT, T_BUCKET, SPLIT,
-               BH: tl.constexpr, BW: tl.constexpr, PRECISION: tl.constexpr, BLOCK_T: tl.constexpr):
-    k = tl.program_id(0)
+def _dw_kernel(dy_ptr, x_ptr, out_ptr, cols_ptr, row_ptr_ptr, T, N_OUT, K_IN, NNZ, PER_SPLIT, T_BUCKET, SPLIT,
+               GROUPS_PER_ROW, BH: tl.constexpr, BW: tl.constexpr, G: tl.constexpr, PRECISION: tl.constexpr,
+               BLOCK_T: tl.constexpr):
+    """dw for up to G consecutive blocks of one block-row, over one slice of the tokens: the
+    row's dy slice is read once for the G blocks, whose x columns are gathered side by side
+    into one (BLOCK_T, G * BW) operand, so the MMA is G * BW wide."""
+    pid = tl.program_id(0)
     s = tl.program_id(1)
-    r = tl.load(rows_ptr + k)
-    c = tl.load(cols_ptr + k)
-    offs_h = tl.arange(0, BH)
-    offs_w = tl.arange(0, BW)
-    offs_t = tl.arange(0, BLOCK_T)
-    t_lo = s * PER_SPLIT
-    t_hi = tl.minimum(T, t_lo + PER_SPLIT)
-    acc = tl.zeros((BH, BW), dtype=tl.float32)
-    for t0 in range(t_lo, t_hi, BLOCK_T):
-        t = t0 + offs_t
-        t_ok = t < t_hi
-        t64 = t.to(tl.int64)
-        gt = tl.load(dy_ptr + t64[None, :] * N_OUT + (r * BH + offs_h)[:, None], mask=t_ok[None, :], other=0.0)
-        xt = tl.load(x_ptr + t64[:, None] * K_IN + (c * BW + offs_w)[None, :], mask=t_ok[:, None], other=0.0)
-        acc = tl.dot(gt, xt, acc, input_precision=PRECISION)
-    out = out_ptr + (s.to(tl.int64) * NNZ + k) * (BH * BW) + offs_h[:, None] * BW + offs_w[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty))
+    r = pid // GROUPS_PER_ROW
+    k0 = tl.load(row_ptr_ptr + r) + (pid % GROUPS_PER_ROW) * G
+    end = tl.load(row_ptr_ptr + r + 1)
+    if k0 < end:
+        offs_h = tl.arange(0, BH)
+        offs_n = tl.arange(0, G * BW)
+        offs_t = tl.arange(0, BLOCK_T)
+        kj = k0 + offs_n // BW  # each column's block
+        j_ok = kj < end
+        within = offs_n % BW
+        xcol = tl.load(cols_ptr + kj, mask=j_ok, other=0) * BW + within
+        t_lo = s * PER_SPLIT
+        t_hi = tl.minimum(T, t_lo + PER_SPLIT)
+        acc = tl.zeros((BH, G * BW), dtype=tl.float32)
+        for t0 in range(t_lo, t_hi, BLOCK_T):
+            t = t0 + offs_t
+            t_ok = t < t_hi
+            t64 = t.to(tl.int64)
+            gt = tl.load(dy_ptr + t64[None, :] * N_OUT + (r * BH + offs_h)[:, None], mask=t_ok[None, :], other=0.0)
+            xt = tl.load(x_ptr + t64[:, None] * K_IN + xcol[None, :], mask=t_ok[:, None] & j_ok[None, :], other=0.0)
+            acc = tl.dot(gt, xt, acc, input_precision=PRECISION)
+        out = out_ptr + (s.to(tl.int64) * NNZ + kj)[None, :] * (BH * BW) + offs_h[:, None] * BW + within[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=j_ok[None, :])
 
 
 _TUNED = {} if triton is None else {
@@ -181,7 +192,7 @@ _TUNED = {} if triton is None else {
                            prune_configs_by={"early_config_prune": _prune_for("BW", "BH")})(_fwd_kernel),
     "dx": triton.autotune(configs=_m_configs(), key=["T_BUCKET", "BH", "BW", "N_IN"],
                           prune_configs_by={"early_config_prune": _prune_for("BH", "BW")})(_dx_kernel),
-    "dw": triton.autotune(configs=_dw_configs(), key=["T_BUCKET", "BH", "BW", "SPLIT"],
+    "dw": triton.autotune(configs=_dw_configs(), key=["T_BUCKET", "BH", "BW", "G", "SPLIT"],
                           prune_configs_by={"early_config_prune": _dw_prune})(_dw_kernel),
 }
 
@@ -258,21 +269,24 @@ def grad_input(dy, w, rows, cols, col_ptr, col_order, in_features: int):
     return dx
 
 
-def grad_weight(dy, x, rows, cols, bh: int, bw: int):
+def grad_weight(dy, x, rows, cols, row_ptr, bh: int, bw: int):
     if not supported(x, bh, bw):
-        return reference.grad_weight(dy, x, rows, cols, bh, bw)
+        return reference.grad_weight(dy, x, rows, cols, row_ptr, bh, bw)
     tokens, in_features = x.shape
     out_features = dy.shape[1]
     nnz = rows.numel()
     if nnz == 0 or tokens == 0:
         return torch.zeros(nnz, bh, bw, dtype=x.dtype, device=x.device)
-    # Enough programs to fill the GPU twice over, each with at least 512 tokens.
-    split = max(1, min(triton.cdiv(2 * _sms(x.device), nnz), tokens // 512))
+    g = max(1, 128 // bw)  # blocks of a row per program: a 128-wide MMA
+    groups_per_row = triton.cdiv(in_features // bw, g)  # an upper bound: programs past a row's end exit
+    # Enough working programs to fill the GPU twice over, each with at least 512 tokens.
+    split = max(1, min(triton.cdiv(2 * _sms(x.device), triton.cdiv(nnz, g)), tokens // 512))
     per = triton.cdiv(triton.cdiv(tokens, split), 128) * 128
     split = triton.cdiv(tokens, per)
     out = torch.empty(split, nnz, bh, bw, dtype=torch.float32 if split > 1 else x.dtype, device=x.device)
-    _launch("dw", (nnz, split), dy, x, out, rows, cols, tokens, out_features, in_features, nnz, per, _bucket(tokens),
-                             split, BH=bh, BW=bw, PRECISION=_precision(x.dtype))
+    grid = ((out_features // bh) * groups_per_row, split)
+    _launch("dw", grid, dy, x, out, cols, row_ptr, tokens, out_features, in_features, nnz, per, _bucket(tokens),
+            split, groups_per_row, BH=bh, BW=bw, G=g, PRECISION=_precision(x.dtype))
     return out[0] if split == 1 else out.sum(0).to(x.dtype)
 
 
