@@ -16,7 +16,6 @@ from test_block_sparse import dense_reference, layout_of
 
 import opforge.ops  # noqa: F401
 from opforge.kernel_loader import BlockSparseLoader
-from opforge.ops import block_sparse as ops_module
 from opforge.ops import block_sparse_linear
 
 pytestmark = pytest.mark.cuda
@@ -51,7 +50,6 @@ def check(x, layout, dtype, bias=True, seed=0):
 def triton_variant():
     kernel = BlockSparseLoader().load(device="cuda")
     assert kernel.name == "block_sparse_triton", kernel
-    ops_module.forget()
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)

@@ -18,8 +18,6 @@ row_ptr, col_ptr, col_order`` on the tensors' device (``layout.Indices``).
 
 from __future__ import annotations
 
-import threading
-
 import torch
 
 from ..kernels.block_sparse.layout import BlockSparseLayout
@@ -27,24 +25,10 @@ from ..kernels.block_sparse.loader import BlockSparseLoader
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
-_BY_DEVICE: dict[str, object] = {}
-_LOCK = threading.Lock()
-
-
 def _kernel(t: torch.Tensor):
-    """The loader's best implementation for tensors on ``t``'s device (kept for the process)."""
-    found = _BY_DEVICE.get(t.device.type)
-    if found is None:
-        with _LOCK:
-            found = _BY_DEVICE.get(t.device.type)
-            if found is None:
-                found = _BY_DEVICE[t.device.type] = BlockSparseLoader().load(device=t.device.type).ops
-    return found
-
-
-def forget() -> None:
-    """Choose the implementation again at the next call (tests, after ``loader.clear_cache()``)."""
-    _BY_DEVICE.clear()
+    """The loader's best implementation for tensors on ``t``'s device (the loader keeps its
+    choice for the process)."""
+    return BlockSparseLoader().load(device=t.device.type).ops
 
 
 # -- the custom ops --
@@ -186,4 +170,4 @@ def block_sparse_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | N
     return y.view(*x.shape[:-1], out_features)
 
 
-__all__ = ["block_sparse_linear", "check", "forget"]
+__all__ = ["block_sparse_linear", "check"]
