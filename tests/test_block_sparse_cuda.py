@@ -108,3 +108,48 @@ def test_the_module_on_cuda_and_deterministic_grads():
             .backward()
         grads.append(m.weight_blocks.grad.clone())
     assert torch.equal(grads[0], grads[1])
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The names of the kernels launched (``triton_impl._launch``'s first argument)."""
+    from opforge.kernels.block_sparse import triton_impl
+
+    seen = []
+    real = triton_impl._launch
+
+    def spy(which, *args, **kw):
+        seen.append(which)
+        return real(which, *args, **kw)
+
+    monkeypatch.setattr(triton_impl, "_launch", spy)
+    return seen
+
+
+def test_hopper_takes_the_copy_engine_for_aligned_operands(launches):
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs a Hopper or newer GPU")
+    layout = layout_of("0.5", 256, 192, (64, 64), seed=4)
+    check(torch.randn(200, 192), layout, torch.bfloat16)  # > 64 tokens: no decode split
+    assert {"fwd_tma", "dx_tma", "dw"} <= set(launches), launches
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("bs", [(16, 16), (32, 64), (128, 128), (64, 16)], ids=str)
+def test_pointer_loads_where_the_copy_engine_cannot(dtype, bs, launches, monkeypatch):
+    """The pointer kernels (pre-Hopper GPUs, misaligned operands) against the same reference."""
+    from opforge.kernels.block_sparse import triton_impl
+
+    monkeypatch.setattr(triton_impl, "tma_ready", lambda *t: False)
+    layout = layout_of("empty_rows_cols", 4 * bs[0], 3 * bs[1], bs)
+    check(torch.randn(2, 37, 3 * bs[1]), layout, dtype)
+    assert "fwd" in launches and "dx" in launches and not any(k.endswith("_tma") for k in launches)
+
+
+def test_a_misaligned_input_takes_the_pointer_loads(launches):
+    """A contiguous view that starts 2 bytes into its storage: no TMA descriptor can take it."""
+    layout = layout_of("0.5", 128, 96, (32, 32), seed=5)
+    x = torch.randn(100 * 96 + 1, dtype=torch.float16, device="cuda")[1:].view(100, 96)
+    assert x.is_contiguous() and x.data_ptr() % 16 != 0
+    check(x, layout, torch.float16)
+    assert "fwd" in launches, launches

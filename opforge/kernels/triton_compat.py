@@ -11,10 +11,14 @@ try:
     import triton.language as tl
 
     jit = triton.jit
+    try:  # host-side TMA descriptors (triton >= 3.3)
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:
+        TensorDescriptor = None
 except ImportError:
-    triton = tl = None
+    triton = tl = TensorDescriptor = None
 
     def jit(fn):
         return fn
 
-__all__ = ["jit", "tl", "triton"]
+__all__ = ["TensorDescriptor", "jit", "tl", "triton"]

@@ -18,16 +18,24 @@ with fp32 accumulation; fp32 follows ``torch.backends.cuda.matmul.allow_tf32`` a
 own matmul does (IEEE fp32 by default). Each kernel is autotuned per (block shape, dtype,
 size class). Other dtypes, block sides and devices run the torch path (``supported``).
 
+On Hopper and newer, the forward and the input gradient bring their operands in with the copy
+engine (TMA, triton's host descriptors) when the operands are contiguous and start on 16 bytes
+(``tma_ready``), else through pointer loads (same results). The kernels live in
+``triton_kernels.py``; this module holds the configs, the dispatch and the layout of the work.
+
 Without triton installed this module still imports (``triton_compat.py``).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from ..triton_compat import jit, tl, triton
+from ..triton_compat import TensorDescriptor, triton
 from . import reference
 from .layout import BLOCK_SIZES
+from .triton_kernels import _dw_kernel, _dx_kernel, _dx_tma_kernel, _fwd_kernel, _fwd_tma_kernel
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -36,162 +44,92 @@ def _precision(dtype: torch.dtype) -> str:
     return "tf32"  # ignored for fp16/bf16
 
 
-def _m_configs():
-    return [triton.Config({"BLOCK_M": m, "BLOCK_K": k, "GROUP_M": 8}, num_warps=w, num_stages=st)
-            for m, k, w, st in ((128, 64, 8, 3), (128, 64, 4, 4), (128, 128, 8, 3), (256, 64, 8, 3), (64, 64, 4, 4),
-                                (128, 32, 4, 4), (128, 16, 4, 4), (64, 16, 4, 5), (32, 64, 4, 4), (16, 64, 4, 4),
-                                (16, 16, 4, 5))]
+# (BLOCK_M, BLOCK_K, warps, stages), from sweeps on an H100 (docs/kernels.md). The index load in
+# the loop takes a stage of its own, so `stages` s buffers max(2, (s + 1) // 2) tiles of each operand.
+_M_TILES = ((256, 64, 8, 7), (128, 64, 4, 5), (128, 64, 4, 7), (128, 64, 4, 9), (128, 64, 8, 7), (256, 32, 8, 7),
+            (128, 32, 4, 7), (128, 32, 4, 5), (64, 32, 4, 7), (128, 16, 4, 7), (64, 64, 4, 5), (32, 64, 4, 4),
+            (16, 64, 4, 4), (16, 16, 4, 5))
+
+
+def _buffers(stages: int) -> int:
+    return max(2, (stages + 1) // 2)
+
+
+def _m_configs(pre_hook=None):
+    return [triton.Config({"BLOCK_M": m, "BLOCK_K": k, "GROUP_M": 8}, num_warps=w, num_stages=st, pre_hook=pre_hook)
+            for m, k, w, st in _M_TILES]
+
+
+def _boxes(a: str, b: str, b_is_transposed: bool):
+    """Config pre-hook: the TMA boxes of the two operands' descriptors for this config's tile."""
+    def hook(nargs):
+        m, k = nargs["BLOCK_M"], nargs["BLOCK_K"]
+        nargs[a].block_shape = [m, k]
+        nargs[b].block_shape = [nargs["BH"], k] if b_is_transposed else [k, nargs["BW"]]
+    return hook
 
 
 def _arg(name, named_args, kwargs):
     return named_args[name] if name in named_args else kwargs[name]
 
 
-def _prune_for(k_side: str, n_side: str):
+def _prune_for(k_side: str, n_side: str, out: str):
     def prune(configs, named_args, **kwargs):
         """Tiles no taller than the tokens (rounded up to 16), a K step that divides the block,
-        stages that fit in shared memory."""
+        buffers that fit in shared memory."""
         tokens = _arg("T", named_args, kwargs)
         kb, nb = _arg(k_side, named_args, kwargs), _arg(n_side, named_args, kwargs)
+        size = _arg(out, named_args, kwargs).element_size()
         cap = max(16, triton.next_power_of_2(tokens))
         kept = [c for c in configs if c.kwargs["BLOCK_M"] <= cap and c.kwargs["BLOCK_K"] <= kb
-                and (c.kwargs["BLOCK_M"] + nb) * c.kwargs["BLOCK_K"] * 2 * c.num_stages <= 200 * 1024]
+                and (c.kwargs["BLOCK_M"] + nb) * c.kwargs["BLOCK_K"] * size * _buffers(c.num_stages) <= 200 * 1024]
         if not kept:  # no config fits: the smallest tile, its K step cut to the block
             small = min(configs, key=lambda c: (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]))
             kept = [triton.Config({**small.kwargs, "BLOCK_K": min(kb, small.kwargs["BLOCK_K"])},
-                                  num_warps=small.num_warps, num_stages=small.num_stages)]
+                                  num_warps=small.num_warps, num_stages=small.num_stages, pre_hook=small.pre_hook)]
         return kept
     return prune
 
 
 def _bucket(t: int) -> int:
-    return min(8192, triton.next_power_of_2(max(1, t)))
+    return min(65536, triton.next_power_of_2(max(1, t)))
 
 
-@jit
-def _tile(n_lines, T, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr):
-    """(line, token tile) of this program: GROUP_M consecutive token tiles walk every line (a
-    block-row or -column) together, so their tokens stay in L2 while each line's blocks are
-    read once for the group rather than once per tile."""
-    pid = tl.program_id(0)
-    n_m = tl.cdiv(T, BLOCK_M)
-    per_group = GROUP_M * n_lines
-    first_m = (pid // per_group) * GROUP_M
-    size_m = tl.minimum(n_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % size_m
-    line = (pid % per_group) // size_m
-    return line, pid_m
+def _l2_rows(device: torch.device, row_bytes: int) -> int:
+    """Rows of the streamed operand (x in the forward, dy in grad_input) that fit in half of L2:
+    a group of token tiles holds no more (``_tile``), so it stays in L2 while it walks every line."""
+    return max(1, torch.cuda.get_device_properties(device).L2_cache_size // 2 // max(1, row_bytes))
 
 
-@jit
-def _fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, cols_ptr, row_ptr_ptr, T, K_IN, N_OUT, T_BUCKET, SPLIT,
-                BH: tl.constexpr, BW: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
-                PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    r, pid_m = _tile(N_OUT // BH, T, BLOCK_M, GROUP_M)
-    sp = tl.program_id(1)
-    KSTEPS: tl.constexpr = BW // BLOCK_K
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_h = tl.arange(0, BH)
-    offs_k = tl.arange(0, BLOCK_K)
-    m_ok = offs_m < T
-    start = tl.load(row_ptr_ptr + r)
-    n = tl.load(row_ptr_ptr + r + 1) - start
-    mine = tl.maximum(n - sp + SPLIT - 1, 0) // SPLIT  # this split's blocks: start + sp, + SPLIT, ...
-    acc = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
-    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * K_IN
-    for it in range(0, mine * KSTEPS):
-        kb = start + sp + (it // KSTEPS) * SPLIT
-        kk = (it % KSTEPS) * BLOCK_K
-        c = tl.load(cols_ptr + kb)
-        xt = tl.load(x_rows + (c * BW + kk + offs_k)[None, :], mask=m_ok[:, None], other=0.0)
-        # w[kb] is (BH, BW) row-major: its columns kk.. read as a (BLOCK_K, BH) tile of its transpose
-        wt = tl.load(w_ptr + kb.to(tl.int64) * (BH * BW) + (kk + offs_k)[:, None] + offs_h[None, :] * BW)
-        acc = tl.dot(xt, wt, acc, input_precision=PRECISION)
-    if PARTIAL:  # fp32 partial sums, (SPLIT, T, N_OUT); the caller adds them and the bias
-        out = y_ptr + (sp.to(tl.int64) * T + offs_m.to(tl.int64))[:, None] * N_OUT + (r * BH + offs_h)[None, :]
-        tl.store(out, acc, mask=m_ok[:, None])
-    else:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + r * BH + offs_h).to(tl.float32)[None, :]
-        out = y_ptr + offs_m.to(tl.int64)[:, None] * N_OUT + (r * BH + offs_h)[None, :]
-        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None])
-
-
-@jit
-def _dx_kernel(dy_ptr, w_ptr, dx_ptr, rows_ptr, col_ptr_ptr, order_ptr, T, N_OUT, N_IN, T_BUCKET,
-               BH: tl.constexpr, BW: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    c, pid_m = _tile(N_IN // BW, T, BLOCK_M, GROUP_M)
-    KSTEPS: tl.constexpr = BH // BLOCK_K
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_w = tl.arange(0, BW)
-    m_ok = offs_m < T
-    start = tl.load(col_ptr_ptr + c)
-    n = tl.load(col_ptr_ptr + c + 1) - start
-    acc = tl.zeros((BLOCK_M, BW), dtype=tl.float32)
-    dy_rows = dy_ptr + offs_m.to(tl.int64)[:, None] * N_OUT
-    for it in range(0, n * KSTEPS):
-        k = tl.load(order_ptr + start + it // KSTEPS)
-        kk = (it % KSTEPS) * BLOCK_K
-        r = tl.load(rows_ptr + k)
-        g = tl.load(dy_rows + (r * BH + kk + offs_k)[None, :], mask=m_ok[:, None], other=0.0)
-        w = tl.load(w_ptr + k.to(tl.int64) * (BH * BW) + (kk + offs_k)[:, None] * BW + offs_w[None, :])
-        acc = tl.dot(g, w, acc, input_precision=PRECISION)
-    dx_ptrs = dx_ptr + offs_m.to(tl.int64)[:, None] * N_IN + (c * BW + offs_w)[None, :]
-    tl.store(dx_ptrs, acc.to(dx_ptr.dtype.element_ty), mask=m_ok[:, None])
+def _depth(nnz: int, lines: int) -> int:
+    """Blocks per line, as a power of two: part of the autotuning key (short lines want other tiles)."""
+    return triton.next_power_of_2(max(1, nnz // max(1, lines)))
 
 
 def _dw_configs():
     return [triton.Config({"BLOCK_T": t}, num_warps=w, num_stages=s)
-            for t, w, s in ((32, 4, 3), (64, 4, 3), (64, 8, 3), (128, 8, 3), (64, 4, 4))]
+            for t, w, s in ((32, 4, 3), (64, 4, 3), (64, 8, 3), (128, 8, 3), (64, 4, 4), (64, 8, 5), (128, 4, 3))]
 
 
 def _dw_prune(configs, named_args, **kwargs):
     bh, bw, g = _arg("BH", named_args, kwargs), _arg("BW", named_args, kwargs), _arg("G", named_args, kwargs)
-    kept = [c for c in configs if c.kwargs["BLOCK_T"] * (bh + g * bw) * 2 * c.num_stages <= 200 * 1024]
+    size = _arg("x_ptr", named_args, kwargs).element_size()
+    kept = [c for c in configs if c.kwargs["BLOCK_T"] * (bh + g * bw) * size * c.num_stages <= 200 * 1024]
     return kept or [min(configs, key=lambda c: c.kwargs["BLOCK_T"])]
 
 
-@jit
-def _dw_kernel(dy_ptr, x_ptr, out_ptr, cols_ptr, row_ptr_ptr, T, N_OUT, K_IN, NNZ, PER_SPLIT, T_BUCKET, SPLIT,
-               GROUPS_PER_ROW, BH: tl.constexpr, BW: tl.constexpr, G: tl.constexpr, PRECISION: tl.constexpr,
-               BLOCK_T: tl.constexpr):
-    """dw for up to G consecutive blocks of one block-row, over one slice of the tokens: the
-    row's dy slice is read once for the G blocks, whose x columns are gathered side by side
-    into one (BLOCK_T, G * BW) operand, so the MMA is G * BW wide."""
-    pid = tl.program_id(0)
-    s = tl.program_id(1)
-    r = pid // GROUPS_PER_ROW
-    k0 = tl.load(row_ptr_ptr + r) + (pid % GROUPS_PER_ROW) * G
-    end = tl.load(row_ptr_ptr + r + 1)
-    if k0 < end:
-        offs_h = tl.arange(0, BH)
-        offs_n = tl.arange(0, G * BW)
-        offs_t = tl.arange(0, BLOCK_T)
-        kj = k0 + offs_n // BW  # each column's block
-        j_ok = kj < end
-        within = offs_n % BW
-        xcol = tl.load(cols_ptr + kj, mask=j_ok, other=0) * BW + within
-        t_lo = s * PER_SPLIT
-        t_hi = tl.minimum(T, t_lo + PER_SPLIT)
-        acc = tl.zeros((BH, G * BW), dtype=tl.float32)
-        for t0 in range(t_lo, t_hi, BLOCK_T):
-            t = t0 + offs_t
-            t_ok = t < t_hi
-            t64 = t.to(tl.int64)
-            gt = tl.load(dy_ptr + t64[None, :] * N_OUT + (r * BH + offs_h)[:, None], mask=t_ok[None, :], other=0.0)
-            xt = tl.load(x_ptr + t64[:, None] * K_IN + xcol[None, :], mask=t_ok[:, None] & j_ok[None, :], other=0.0)
-            acc = tl.dot(gt, xt, acc, input_precision=PRECISION)
-        out = out_ptr + (s.to(tl.int64) * NNZ + kj)[None, :] * (BH * BW) + offs_h[:, None] * BW + within[None, :]
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=j_ok[None, :])
-
-
 _TUNED = {} if triton is None else {
-    "fwd": triton.autotune(configs=_m_configs(), key=["T_BUCKET", "BH", "BW", "N_OUT", "SPLIT", "HAS_BIAS"],
-                           prune_configs_by={"early_config_prune": _prune_for("BW", "BH")})(_fwd_kernel),
-    "dx": triton.autotune(configs=_m_configs(), key=["T_BUCKET", "BH", "BW", "N_IN"],
-                          prune_configs_by={"early_config_prune": _prune_for("BH", "BW")})(_dx_kernel),
+    "fwd": triton.autotune(configs=_m_configs(), key=["T_BUCKET", "BH", "BW", "N_OUT", "L2_ROWS", "DEPTH", "SPLIT",
+                                                      "HAS_BIAS"],
+                           prune_configs_by={"early_config_prune": _prune_for("BW", "BH", "y_ptr")})(_fwd_kernel),
+    "dx": triton.autotune(configs=_m_configs(), key=["T_BUCKET", "BH", "BW", "N_IN", "L2_ROWS", "DEPTH"],
+                          prune_configs_by={"early_config_prune": _prune_for("BH", "BW", "dx_ptr")})(_dx_kernel),
+    "fwd_tma": triton.autotune(configs=_m_configs(_boxes("x_desc", "w_desc", True)),
+                               key=["T_BUCKET", "BH", "BW", "N_OUT", "L2_ROWS", "DEPTH", "HAS_BIAS"],
+                               prune_configs_by={"early_config_prune": _prune_for("BW", "BH", "y_ptr")})(_fwd_tma_kernel),
+    "dx_tma": triton.autotune(configs=_m_configs(_boxes("dy_desc", "w_desc", False)),
+                              key=["T_BUCKET", "BH", "BW", "N_IN", "L2_ROWS", "DEPTH"],
+                              prune_configs_by={"early_config_prune": _prune_for("BH", "BW", "dx_ptr")})(_dx_tma_kernel),
     "dw": triton.autotune(configs=_dw_configs(), key=["T_BUCKET", "BH", "BW", "G", "SPLIT"],
                           prune_configs_by={"early_config_prune": _dw_prune})(_dw_kernel),
 }
@@ -212,6 +150,26 @@ def supported(t: torch.Tensor, bh: int, bw: int) -> bool:
 
 def _sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def _has_tma(device_index: int) -> bool:
+    return TensorDescriptor is not None and torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def tma_ready(*tensors: torch.Tensor) -> bool:
+    """Whether the copy engine (TMA, Hopper and newer, through triton's host descriptors) can
+    bring these 2-D operands in: each contiguous, non-empty, starting on 16 bytes, with int32
+    coordinates. Otherwise the kernels load through pointers (the same results)."""
+    first = tensors[0]
+    if not first.is_cuda or not _has_tma(first.device.index if first.device.index is not None else 0):
+        return False
+    return all(t.is_contiguous() and t.numel() > 0 and t.data_ptr() % 16 == 0 and max(t.shape) < 2**31
+               for t in tensors)
+
+
+def _descriptor(t: torch.Tensor):
+    return TensorDescriptor.from_tensor(t, [16, 16])  # boxes: set per config (_boxes)
 
 
 def decode_split(tokens: int, out_features: int, grid_r: int, nnz: int, block_bytes: int, sms: int) -> int:
@@ -242,10 +200,17 @@ def forward(x, w, bias, rows, cols, row_ptr, out_features: int):
         return y
     grid_r = out_features // bh
     split = decode_split(tokens, out_features, grid_r, nnz, bh * bw * x.element_size(), _sms(x.device))
+    w2 = w.view(nnz * bh, bw) if w.is_contiguous() else w
+    shape = (_bucket(tokens), _l2_rows(x.device, in_features * x.element_size()), _depth(nnz, grid_r))
+    if split == 1 and tma_ready(x, w2):
+        grid = lambda meta: (grid_r * triton.cdiv(tokens, meta["BLOCK_M"]),)  # noqa: E731
+        _launch("fwd_tma", grid, _descriptor(x), _descriptor(w2), bias if bias is not None else w, y, cols, row_ptr,
+                tokens, out_features, *shape, BH=bh, BW=bw, HAS_BIAS=bias is not None, PRECISION=_precision(x.dtype))
+        return y
     out = y if split == 1 else torch.empty(split, tokens, out_features, dtype=torch.float32, device=x.device)
     grid = lambda meta: (grid_r * triton.cdiv(tokens, meta["BLOCK_M"]), split)  # noqa: E731
     _launch("fwd", grid, x, w, bias if bias is not None else w, out, cols, row_ptr, tokens, in_features,
-            out_features, _bucket(tokens), split, BH=bh, BW=bw, HAS_BIAS=bias is not None, PARTIAL=split > 1,
+            out_features, *shape, split, BH=bh, BW=bw, HAS_BIAS=bias is not None, PARTIAL=split > 1,
             PRECISION=_precision(x.dtype))
     if split > 1:
         total = out.sum(0)
@@ -264,7 +229,13 @@ def grad_input(dy, w, rows, cols, col_ptr, col_order, in_features: int):
     if tokens == 0:
         return dx
     grid = lambda meta: (in_features // bw * triton.cdiv(tokens, meta["BLOCK_M"]),)  # noqa: E731
-    _launch("dx", grid, dy, w, dx, rows, col_ptr, col_order, tokens, out_features, in_features, _bucket(tokens),
+    w2 = w.view(nnz * bh, bw) if w.is_contiguous() else w
+    shape = (_bucket(tokens), _l2_rows(dy.device, out_features * dy.element_size()), _depth(nnz, in_features // bw))
+    if tma_ready(dy, w2):
+        _launch("dx_tma", grid, _descriptor(dy), _descriptor(w2), dx, rows, col_ptr, col_order, tokens, in_features,
+                *shape, BH=bh, BW=bw, PRECISION=_precision(dy.dtype))
+        return dx
+    _launch("dx", grid, dy, w, dx, rows, col_ptr, col_order, tokens, out_features, in_features, *shape,
             BH=bh, BW=bw, PRECISION=_precision(dy.dtype))
     return dx
 

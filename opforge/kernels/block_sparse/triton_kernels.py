@@ -1,0 +1,176 @@
+"""The Triton kernels of ``triton_impl.py`` (which holds the host side: configs, dispatch, the
+layout of the work). See its docstring for what each computes.
+
+* ``_fwd_kernel`` / ``_dx_kernel`` load through pointers; ``_fwd_tma_kernel`` /
+  ``_dx_tma_kernel`` do the same work with the operands brought in by the copy engine (TMA,
+  Hopper and newer), used where the operands allow it (``triton_impl.tma_ready``).
+* ``_dw_kernel``: the weight gradient, on the kept blocks only.
+
+Indices arrive as int64 and are narrowed to int32 where they address a TMA box (the caller
+checks that coordinates fit).
+"""
+
+from __future__ import annotations
+
+from ..triton_compat import jit, tl
+
+
+@jit
+def _tile(n_lines, T, L2_ROWS, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr):
+    """(line, token tile) of this program: up to GROUP_M consecutive token tiles walk every line
+    (a block-row or -column) together, so their tokens stay in L2 while each line's blocks are
+    read once for the group rather than once per tile. A group holds no more than L2_ROWS
+    tokens (the rows of the streamed operand that fit in half of L2)."""
+    pid = tl.program_id(0)
+    group = tl.maximum(1, tl.minimum(GROUP_M, L2_ROWS // BLOCK_M))
+    n_m = tl.cdiv(T, BLOCK_M)
+    per_group = group * n_lines
+    first_m = (pid // per_group) * group
+    size_m = tl.minimum(n_m - first_m, group)
+    pid_m = first_m + (pid % per_group) % size_m
+    line = (pid % per_group) // size_m
+    return line, pid_m
+
+
+@jit
+def _fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, cols_ptr, row_ptr_ptr, T, K_IN, N_OUT, T_BUCKET, L2_ROWS, DEPTH, SPLIT,
+                BH: tl.constexpr, BW: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
+                PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    r, pid_m = _tile(N_OUT // BH, T, L2_ROWS, BLOCK_M, GROUP_M)
+    sp = tl.program_id(1)
+    KSTEPS: tl.constexpr = BW // BLOCK_K
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_h = tl.arange(0, BH)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < T
+    start = tl.load(row_ptr_ptr + r)
+    n = tl.load(row_ptr_ptr + r + 1) - start
+    mine = tl.maximum(n - sp + SPLIT - 1, 0) // SPLIT  # this split's blocks: start + sp, + SPLIT, ...
+    acc = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * K_IN
+    for it in range(0, mine * KSTEPS):
+        kb = start + sp + (it // KSTEPS) * SPLIT
+        kk = (it % KSTEPS) * BLOCK_K
+        c = tl.load(cols_ptr + kb)
+        xt = tl.load(x_rows + (c * BW + kk + offs_k)[None, :], mask=m_ok[:, None], other=0.0)
+        # w[kb] is (BH, BW) row-major: its columns kk.. read as a (BLOCK_K, BH) tile of its transpose
+        wt = tl.load(w_ptr + kb.to(tl.int64) * (BH * BW) + (kk + offs_k)[:, None] + offs_h[None, :] * BW)
+        acc = tl.dot(xt, wt, acc, input_precision=PRECISION)
+    if PARTIAL:  # fp32 partial sums, (SPLIT, T, N_OUT); the caller adds them and the bias
+        out = y_ptr + (sp.to(tl.int64) * T + offs_m.to(tl.int64))[:, None] * N_OUT + (r * BH + offs_h)[None, :]
+        tl.store(out, acc, mask=m_ok[:, None])
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + r * BH + offs_h).to(tl.float32)[None, :]
+        out = y_ptr + offs_m.to(tl.int64)[:, None] * N_OUT + (r * BH + offs_h)[None, :]
+        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None])
+
+
+@jit
+def _dx_kernel(dy_ptr, w_ptr, dx_ptr, rows_ptr, col_ptr_ptr, order_ptr, T, N_OUT, N_IN, T_BUCKET, L2_ROWS, DEPTH,
+               BH: tl.constexpr, BW: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    c, pid_m = _tile(N_IN // BW, T, L2_ROWS, BLOCK_M, GROUP_M)
+    KSTEPS: tl.constexpr = BH // BLOCK_K
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_w = tl.arange(0, BW)
+    m_ok = offs_m < T
+    start = tl.load(col_ptr_ptr + c)
+    n = tl.load(col_ptr_ptr + c + 1) - start
+    acc = tl.zeros((BLOCK_M, BW), dtype=tl.float32)
+    dy_rows = dy_ptr + offs_m.to(tl.int64)[:, None] * N_OUT
+    for it in range(0, n * KSTEPS):
+        k = tl.load(order_ptr + start + it // KSTEPS)
+        kk = (it % KSTEPS) * BLOCK_K
+        r = tl.load(rows_ptr + k)
+        g = tl.load(dy_rows + (r * BH + kk + offs_k)[None, :], mask=m_ok[:, None], other=0.0)
+        w = tl.load(w_ptr + k.to(tl.int64) * (BH * BW) + (kk + offs_k)[:, None] * BW + offs_w[None, :])
+        acc = tl.dot(g, w, acc, input_precision=PRECISION)
+    dx_ptrs = dx_ptr + offs_m.to(tl.int64)[:, None] * N_IN + (c * BW + offs_w)[None, :]
+    tl.store(dx_ptrs, acc.to(dx_ptr.dtype.element_ty), mask=m_ok[:, None])
+
+
+@jit
+def _fwd_tma_kernel(x_desc, w_desc, b_ptr, y_ptr, cols_ptr, row_ptr_ptr, T, N_OUT, T_BUCKET, L2_ROWS, DEPTH,
+                    BH: tl.constexpr, BW: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """_fwd_kernel's work with the operands brought in by the copy engine (TMA): x through a
+    (T, in) descriptor, w through a (nnz * BH, BW) one; rows past T read as zeros."""
+    r, pid_m = _tile(N_OUT // BH, T, L2_ROWS, BLOCK_M, GROUP_M)
+    KSTEPS: tl.constexpr = BW // BLOCK_K
+    start = tl.load(row_ptr_ptr + r).to(tl.int32)
+    n = tl.load(row_ptr_ptr + r + 1).to(tl.int32) - start
+    m0 = pid_m * BLOCK_M
+    acc = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
+    for it in range(0, n * KSTEPS):
+        kb = start + it // KSTEPS
+        kk = (it % KSTEPS) * BLOCK_K
+        c = tl.load(cols_ptr + kb).to(tl.int32)
+        xt = x_desc.load([m0, c * BW + kk])
+        wt = w_desc.load([kb * BH, kk])  # (BH, BLOCK_K): K-major, as the MMA wants its B
+        acc = tl.dot(xt, wt.T, acc, input_precision=PRECISION)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_h = tl.arange(0, BH)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + r * BH + offs_h).to(tl.float32)[None, :]
+    out = y_ptr + offs_m.to(tl.int64)[:, None] * N_OUT + (r * BH + offs_h)[None, :]
+    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < T)[:, None])
+
+
+@jit
+def _dx_tma_kernel(dy_desc, w_desc, dx_ptr, rows_ptr, col_ptr_ptr, order_ptr, T, N_IN, T_BUCKET, L2_ROWS, DEPTH,
+                   BH: tl.constexpr, BW: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """_dx_kernel's work through TMA descriptors: dy (T, out) and w (nnz * BH, BW)."""
+    c, pid_m = _tile(N_IN // BW, T, L2_ROWS, BLOCK_M, GROUP_M)
+    KSTEPS: tl.constexpr = BH // BLOCK_K
+    start = tl.load(col_ptr_ptr + c).to(tl.int32)
+    n = tl.load(col_ptr_ptr + c + 1).to(tl.int32) - start
+    m0 = pid_m * BLOCK_M
+    acc = tl.zeros((BLOCK_M, BW), dtype=tl.float32)
+    for it in range(0, n * KSTEPS):
+        k = tl.load(order_ptr + start + it // KSTEPS).to(tl.int32)
+        kk = (it % KSTEPS) * BLOCK_K
+        r = tl.load(rows_ptr + k).to(tl.int32)
+        g = dy_desc.load([m0, r * BH + kk])
+        w = w_desc.load([k * BH + kk, 0])
+        acc = tl.dot(g, w, acc, input_precision=PRECISION)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_w = tl.arange(0, BW)
+    out = dx_ptr + offs_m.to(tl.int64)[:, None] * N_IN + (c * BW + offs_w)[None, :]
+    tl.store(out, acc.to(dx_ptr.dtype.element_ty), mask=(offs_m < T)[:, None])
+
+
+@jit
+def _dw_kernel(dy_ptr, x_ptr, out_ptr, cols_ptr, row_ptr_ptr, T, N_OUT, K_IN, NNZ, PER_SPLIT, T_BUCKET, SPLIT,
+               GROUPS_PER_ROW, BH: tl.constexpr, BW: tl.constexpr, G: tl.constexpr, PRECISION: tl.constexpr,
+               BLOCK_T: tl.constexpr):
+    """dw for up to G consecutive blocks of one block-row, over one slice of the tokens: the
+    row's dy slice is read once for the G blocks, whose x columns are gathered side by side
+    into one (BLOCK_T, G * BW) operand, so the MMA is G * BW wide."""
+    pid = tl.program_id(0)
+    s = tl.program_id(1)
+    r = pid // GROUPS_PER_ROW
+    k0 = tl.load(row_ptr_ptr + r) + (pid % GROUPS_PER_ROW) * G
+    end = tl.load(row_ptr_ptr + r + 1)
+    if k0 < end:
+        offs_h = tl.arange(0, BH)
+        offs_n = tl.arange(0, G * BW)
+        offs_t = tl.arange(0, BLOCK_T)
+        kj = k0 + offs_n // BW  # each column's block
+        j_ok = kj < end
+        within = offs_n % BW
+        xcol = tl.load(cols_ptr + kj, mask=j_ok, other=0) * BW + within
+        t_lo = s * PER_SPLIT
+        t_hi = tl.minimum(T, t_lo + PER_SPLIT)
+        acc = tl.zeros((BH, G * BW), dtype=tl.float32)
+        for t0 in range(t_lo, t_hi, BLOCK_T):
+            t = t0 + offs_t
+            t_ok = t < t_hi
+            t64 = t.to(tl.int64)
+            gt = tl.load(dy_ptr + t64[None, :] * N_OUT + (r * BH + offs_h)[:, None], mask=t_ok[None, :], other=0.0)
+            xt = tl.load(x_ptr + t64[:, None] * K_IN + xcol[None, :], mask=t_ok[:, None] & j_ok[None, :], other=0.0)
+            acc = tl.dot(gt, xt, acc, input_precision=PRECISION)
+        out = out_ptr + (s.to(tl.int64) * NNZ + kj)[None, :] * (BH * BW) + offs_h[:, None] * BW + within[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=j_ok[None, :])
