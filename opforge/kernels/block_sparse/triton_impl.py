@@ -20,7 +20,8 @@ size class). Other dtypes, block sides and devices run the torch path (``support
 
 On Hopper and newer, the forward and the input gradient bring their operands in with the copy
 engine (TMA, triton's host descriptors) when the operands are contiguous and start on 16 bytes
-(``tma_ready``), else through pointer loads (same results). The kernels live in
+(``tma_ready``) and there are more than ``TMA_MIN_TOKENS`` tokens, else through pointer loads
+(same results). The kernels live in
 ``triton_kernels.py``; this module holds the configs, the dispatch and the layout of the work.
 
 Without triton installed this module still imports (``triton_compat.py``).
@@ -95,10 +96,14 @@ def _bucket(t: int) -> int:
     return min(65536, triton.next_power_of_2(max(1, t)))
 
 
+def _l2_bytes(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).L2_cache_size
+
+
 def _l2_rows(device: torch.device, row_bytes: int) -> int:
     """Rows of the streamed operand (x in the forward, dy in grad_input) that fit in half of L2:
     a group of token tiles holds no more (``_tile``), so it stays in L2 while it walks every line."""
-    return max(1, torch.cuda.get_device_properties(device).L2_cache_size // 2 // max(1, row_bytes))
+    return max(1, _l2_bytes(device) // 2 // max(1, row_bytes))
 
 
 def _depth(nnz: int, lines: int) -> int:
@@ -157,6 +162,11 @@ def _has_tma(device_index: int) -> bool:
     return TensorDescriptor is not None and torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
+# Up to this many tokens the pointer kernels run as fast (measured on an H100, decode sizes) and
+# skip the descriptors' host cost (~35 µs a call there).
+TMA_MIN_TOKENS = 64
+
+
 def tma_ready(*tensors: torch.Tensor) -> bool:
     """Whether the copy engine (TMA, Hopper and newer, through triton's host descriptors) can
     bring these 2-D operands in: each contiguous, non-empty, starting on 16 bytes, with int32
@@ -172,21 +182,27 @@ def _descriptor(t: torch.Tensor):
     return TensorDescriptor.from_tensor(t, [16, 16])  # boxes: set per config (_boxes)
 
 
-def decode_split(tokens: int, out_features: int, grid_r: int, nnz: int, block_bytes: int, sms: int) -> int:
+def decode_split(tokens: int, out_features: int, grid_r: int, nnz: int, sms: int, l2_bytes: int) -> int:
     """How many programs share a block-row's blocks in the forward. Few tokens (decode) leave
     one program per block-row, too few to stream the weight at HBM speed; splitting the blocks
-    fills the GPU, at the cost of fp32 partial sums written and read back (2 x 4 bytes per
-    output each). Split only while those stay under a tenth of the weight's bytes.
+    fills the GPU (4 programs per SM), at the cost of fp32 partial sums written and read back.
+    Those stay in L2 while they take at most a quarter of it, so that is the bound. Past 32
+    tokens one program per block-row streams as fast (measured on an H100: at 64 tokens a
+    split of 3 ran at 52% of a copy's bandwidth, no split at 70%).
 
-    >>> decode_split(1, 4096, 32, 512, 128 * 128 * 2, 132)
+    >>> decode_split(1, 4096, 32, 512, 132, 50 * 2**20)       # 16 blocks a row: all split
     16
-    >>> decode_split(64, 4096, 128, 8192, 32 * 32 * 2, 132)
+    >>> decode_split(32, 14336, 112, 1792, 132, 50 * 2**20)   # 5 programs a row fill the GPU
+    5
+    >>> decode_split(32, 57344, 448, 7168, 132, 50 * 2**20)   # partials over a quarter of L2
+    1
+    >>> decode_split(64, 14336, 112, 1792, 132, 50 * 2**20)
     1
     """
-    if tokens > 64:
+    if tokens > 32:
         return 1
     want = -(-4 * sms // grid_r)
-    affordable = (nnz * block_bytes // 10) // max(1, 8 * tokens * out_features)
+    affordable = (l2_bytes // 4) // max(1, 4 * tokens * out_features)
     return max(1, min(want, -(-nnz // grid_r), affordable))
 
 
@@ -199,10 +215,10 @@ def forward(x, w, bias, rows, cols, row_ptr, out_features: int):
     if tokens == 0:
         return y
     grid_r = out_features // bh
-    split = decode_split(tokens, out_features, grid_r, nnz, bh * bw * x.element_size(), _sms(x.device))
+    split = decode_split(tokens, out_features, grid_r, nnz, _sms(x.device), _l2_bytes(x.device))
     w2 = w.view(nnz * bh, bw) if w.is_contiguous() else w
     shape = (_bucket(tokens), _l2_rows(x.device, in_features * x.element_size()), _depth(nnz, grid_r))
-    if split == 1 and tma_ready(x, w2):
+    if split == 1 and tokens > TMA_MIN_TOKENS and tma_ready(x, w2):
         grid = lambda meta: (grid_r * triton.cdiv(tokens, meta["BLOCK_M"]),)  # noqa: E731
         _launch("fwd_tma", grid, _descriptor(x), _descriptor(w2), bias if bias is not None else w, y, cols, row_ptr,
                 tokens, out_features, *shape, BH=bh, BW=bw, HAS_BIAS=bias is not None, PRECISION=_precision(x.dtype))
@@ -231,7 +247,7 @@ def grad_input(dy, w, rows, cols, col_ptr, col_order, in_features: int):
     grid = lambda meta: (in_features // bw * triton.cdiv(tokens, meta["BLOCK_M"]),)  # noqa: E731
     w2 = w.view(nnz * bh, bw) if w.is_contiguous() else w
     shape = (_bucket(tokens), _l2_rows(dy.device, out_features * dy.element_size()), _depth(nnz, in_features // bw))
-    if tma_ready(dy, w2):
+    if tokens > TMA_MIN_TOKENS and tma_ready(dy, w2):
         _launch("dx_tma", grid, _descriptor(dy), _descriptor(w2), dx, rows, col_ptr, col_order, tokens, in_features,
                 *shape, BH=bh, BW=bw, PRECISION=_precision(dy.dtype))
         return dx
