@@ -163,16 +163,19 @@ def _has_tma(device_index: int) -> bool:
 
 
 # Up to this many tokens the pointer kernels run as fast (measured on an H100, decode sizes) and
-# skip the descriptors' host cost (~35 µs a call there).
+# skip the descriptors' host cost (~35 µs a call there). Only the pointer forward splits its
+# block-rows (decode_split), which it does up to SPLIT_MAX_TOKENS.
 TMA_MIN_TOKENS = 64
+SPLIT_MAX_TOKENS = 32
+assert TMA_MIN_TOKENS >= SPLIT_MAX_TOKENS
 
 
-def tma_ready(*tensors: torch.Tensor) -> bool:
-    """Whether the copy engine (TMA, Hopper and newer, through triton's host descriptors) can
-    bring these 2-D operands in: each contiguous, non-empty, starting on 16 bytes, with int32
-    coordinates. Otherwise the kernels load through pointers (the same results)."""
-    first = tensors[0]
-    if not first.is_cuda or not _has_tma(first.device.index if first.device.index is not None else 0):
+def tma_ready(tokens: int, *tensors: torch.Tensor) -> bool:
+    """Whether the copy engine (TMA, Hopper and newer, through triton's host descriptors) should
+    bring these 2-D operands in: more than TMA_MIN_TOKENS tokens, each operand contiguous,
+    non-empty, starting on 16 bytes, with int32 coordinates. Otherwise the kernels load through
+    pointers (the same results)."""
+    if tokens <= TMA_MIN_TOKENS or not tensors[0].is_cuda or not _has_tma(tensors[0].device.index):
         return False
     return all(t.is_contiguous() and t.numel() > 0 and t.data_ptr() % 16 == 0 and max(t.shape) < 2**31
                for t in tensors)
@@ -180,6 +183,15 @@ def tma_ready(*tensors: torch.Tensor) -> bool:
 
 def _descriptor(t: torch.Tensor):
     return TensorDescriptor.from_tensor(t, [16, 16])  # boxes: set per config (_boxes)
+
+
+def _streamed(a: torch.Tensor, w: torch.Tensor, lines: int):
+    """What fwd and grad_input share: the blocks as one (nnz * bh, bw) matrix (the TMA view), the
+    autotuning key's size class of the streamed operand ``a`` (x or dy): its token bucket, the
+    rows of it that fit in half of L2, the blocks per line; and whether TMA takes them."""
+    w2 = w.reshape(-1, w.shape[2])
+    key = (_bucket(a.shape[0]), _l2_rows(a.device, a.shape[1] * a.element_size()), _depth(w.shape[0], lines))
+    return w2, key, tma_ready(a.shape[0], a, w2)
 
 
 def decode_split(tokens: int, out_features: int, grid_r: int, nnz: int, sms: int, l2_bytes: int) -> int:
@@ -199,7 +211,7 @@ def decode_split(tokens: int, out_features: int, grid_r: int, nnz: int, sms: int
     >>> decode_split(64, 14336, 112, 1792, 132, 50 * 2**20)
     1
     """
-    if tokens > 32:
+    if tokens > SPLIT_MAX_TOKENS:
         return 1
     want = -(-4 * sms // grid_r)
     affordable = (l2_bytes // 4) // max(1, 4 * tokens * out_features)
@@ -215,18 +227,17 @@ def forward(x, w, bias, rows, cols, row_ptr, out_features: int):
     if tokens == 0:
         return y
     grid_r = out_features // bh
-    split = decode_split(tokens, out_features, grid_r, nnz, _sms(x.device), _l2_bytes(x.device))
-    w2 = w.view(nnz * bh, bw) if w.is_contiguous() else w
-    shape = (_bucket(tokens), _l2_rows(x.device, in_features * x.element_size()), _depth(nnz, grid_r))
-    if split == 1 and tokens > TMA_MIN_TOKENS and tma_ready(x, w2):
+    w2, key, tma = _streamed(x, w, grid_r)
+    if tma:  # more tokens than a decode split takes (TMA_MIN_TOKENS)
         grid = lambda meta: (grid_r * triton.cdiv(tokens, meta["BLOCK_M"]),)  # noqa: E731
         _launch("fwd_tma", grid, _descriptor(x), _descriptor(w2), bias if bias is not None else w, y, cols, row_ptr,
-                tokens, out_features, *shape, BH=bh, BW=bw, HAS_BIAS=bias is not None, PRECISION=_precision(x.dtype))
+                tokens, out_features, *key, BH=bh, BW=bw, HAS_BIAS=bias is not None, PRECISION=_precision(x.dtype))
         return y
+    split = decode_split(tokens, out_features, grid_r, nnz, _sms(x.device), _l2_bytes(x.device))
     out = y if split == 1 else torch.empty(split, tokens, out_features, dtype=torch.float32, device=x.device)
     grid = lambda meta: (grid_r * triton.cdiv(tokens, meta["BLOCK_M"]), split)  # noqa: E731
     _launch("fwd", grid, x, w, bias if bias is not None else w, out, cols, row_ptr, tokens, in_features,
-            out_features, *shape, split, BH=bh, BW=bw, HAS_BIAS=bias is not None, PARTIAL=split > 1,
+            out_features, *key, split, BH=bh, BW=bw, HAS_BIAS=bias is not None, PARTIAL=split > 1,
             PRECISION=_precision(x.dtype))
     if split > 1:
         total = out.sum(0)
@@ -245,13 +256,12 @@ def grad_input(dy, w, rows, cols, col_ptr, col_order, in_features: int):
     if tokens == 0:
         return dx
     grid = lambda meta: (in_features // bw * triton.cdiv(tokens, meta["BLOCK_M"]),)  # noqa: E731
-    w2 = w.view(nnz * bh, bw) if w.is_contiguous() else w
-    shape = (_bucket(tokens), _l2_rows(dy.device, out_features * dy.element_size()), _depth(nnz, in_features // bw))
-    if tokens > TMA_MIN_TOKENS and tma_ready(dy, w2):
+    w2, key, tma = _streamed(dy, w, in_features // bw)
+    if tma:
         _launch("dx_tma", grid, _descriptor(dy), _descriptor(w2), dx, rows, col_ptr, col_order, tokens, in_features,
-                *shape, BH=bh, BW=bw, PRECISION=_precision(dy.dtype))
+                *key, BH=bh, BW=bw, PRECISION=_precision(dy.dtype))
         return dx
-    _launch("dx", grid, dy, w, dx, rows, col_ptr, col_order, tokens, out_features, in_features, *shape,
+    _launch("dx", grid, dy, w, dx, rows, col_ptr, col_order, tokens, out_features, in_features, *key,
             BH=bh, BW=bw, PRECISION=_precision(dy.dtype))
     return dx
 
