@@ -13,6 +13,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .errors import (  # noqa: E402
+    ArchiveError,
     BuildError,
     CacheError,
     LockTimeoutError,
@@ -47,6 +48,7 @@ __all__ = [
     "KernelLoader",
     "KernelFallbackWarning",
     "LoadedKernel",
+    "ArchiveError",
     "BuildError",
     "CacheError",
     "LockTimeoutError",

@@ -31,5 +31,9 @@ class UnsafeCacheError(CacheError):
     """A cache directory or binary is writable by others, owned by another user, or a symlink."""
 
 
+class ArchiveError(OpforgeError):
+    """A cache archive (``opforge cache import``) is not one, is corrupt, or names a path outside the cache."""
+
+
 class LockTimeoutError(OpforgeError):
     """Another live process held the build lock for longer than ``OPFORGE_LOCK_TIMEOUT``."""

@@ -60,6 +60,20 @@ class Settings:
     aot_build: str
     """``OPFORGE_BUILD``: at ``pip install``, the kernels to prebuild into ``opforge._C``:
     ``all``, or a comma list of kinds and extension names. Empty: a pure-Python install."""
+    distributed: str = "auto"
+    """``OPFORGE_DISTRIBUTED``: ``auto`` (on when a torch.distributed process group is up), ``1`` (on,
+    with the ranks from ``RANK`` / ``LOCAL_RANK``), ``0`` (off). On: one rank builds, the others wait
+    (see ``build/ranks.py``)."""
+    shared_cache: bool = False
+    """``OPFORGE_SHARED_CACHE``: the cache is on a filesystem all nodes share; global rank 0 builds
+    (else the local rank 0 of each node does)."""
+    dist_grace: float = 30.0
+    """``OPFORGE_DIST_GRACE``: seconds a waiting rank gives the builder rank to start a build it
+    does not see begin, before building it itself (default 30)."""
+    rank: int | None = None
+    """``RANK`` (torchrun) or ``SLURM_PROCID``: this process's global rank, when no process group is up."""
+    local_rank: int | None = None
+    """``LOCAL_RANK`` (torchrun) or ``SLURM_LOCALID``: this process's rank on its node."""
     cuda_visible_devices: str | None = None
     """``CUDA_VISIBLE_DEVICES``: read to list GPUs without initialising CUDA (see ``platform.py``)."""
     cuda_device_order: str | None = None
@@ -91,6 +105,22 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         raise ValueError(f"{name}={raw!r} is not a number of seconds; unset it or give e.g. {name}=600") from None
     if value <= 0:
         raise ValueError(f"{name}={raw!r} must be positive; unset it or give e.g. {name}=600")
+    return value
+
+
+def _rank(env: Mapping[str, str], *names: str) -> int | None:
+    for name in names:
+        raw = (env.get(name) or "").strip()
+        if raw.isdigit():  # another tool's variable: a value that is no rank is ignored, not an error
+            return int(raw)
+    return None
+
+
+def _distributed(raw: str | None) -> str:
+    value = (raw or "auto").strip().lower() or "auto"
+    value = {"true": "1", "yes": "1", "on": "1", "false": "0", "no": "0", "off": "0"}.get(value, value)
+    if value not in ("auto", "1", "0"):
+        raise ValueError(f"OPFORGE_DISTRIBUTED={raw!r}: use auto (the default), 1 or 0")
     return value
 
 
@@ -139,6 +169,11 @@ def current(env: Mapping[str, str] | None = None) -> Settings:
         nvcc_gen_deps=env.get("TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES", "0") != "1",
         path=env.get("PATH", os.defpath),
         aot_build=(env.get("OPFORGE_BUILD") or "").strip(),
+        distributed=_distributed(env.get("OPFORGE_DISTRIBUTED")),
+        shared_cache=_flag(env.get("OPFORGE_SHARED_CACHE")),
+        dist_grace=_float(env, "OPFORGE_DIST_GRACE", 30.0),
+        rank=_rank(env, "RANK", "SLURM_PROCID"),
+        local_rank=_rank(env, "LOCAL_RANK", "SLURM_LOCALID"),
         cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
         cuda_device_order=env.get("CUDA_DEVICE_ORDER"),
     )

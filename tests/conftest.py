@@ -61,8 +61,9 @@ def make_pymod(tmp_path):
 
 class CompilerLog:
     """A CXX wrapper that logs each call's arguments, then runs g++ (or, with $SLOW_MARKER
-    set, first touches that file and sleeps 60 s, to be killed mid-build). Neither
-    CXX_LOG nor SLOW_MARKER is a build-key input; CXX is, so a test's processes share it."""
+    set, first touches that file and sleeps 60 s, to be killed mid-build). With $CXX_RANK_LOG
+    set, each compile also logs the compiling process's $RANK there. None of CXX_LOG,
+    CXX_RANK_LOG and SLOW_MARKER is a build-key input; CXX is, so a test's processes share it."""
 
     def __init__(self, directory):
         self.log = directory / "cxx.log"
@@ -71,6 +72,7 @@ class CompilerLog:
         self.path.write_text(
             "#!/bin/sh\n"
             'if [ -n "$CXX_LOG" ]; then printf \'%s\\n\' "$*" >> "$CXX_LOG"; fi\n'
+            'if [ -n "$CXX_RANK_LOG" ]; then case " $* " in *" -c "*) echo "${RANK:-none}" >> "$CXX_RANK_LOG";; esac; fi\n'
             'if [ -n "$SLOW_MARKER" ]; then touch "$SLOW_MARKER"; sleep 60; fi\n'
             f'exec {shutil.which("g++") or "g++"} "$@"\n'
         )

@@ -117,10 +117,27 @@ def read_manifest(entry_dir: str) -> dict | None:
             data = json.load(f)
     except (OSError, ValueError):
         return None
-    needed = ("format", "key", "binary", "binary_sha256", "binary_size", "binary_mtime_ns", "deps")
-    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or any(k not in data for k in needed):
-        return None
-    return data
+    return data if valid_manifest(data, os.path.basename(os.path.dirname(os.path.abspath(entry_dir)))) else None
+
+
+_NEEDED = ("format", "key", "binary", "binary_sha256", "binary_size", "binary_mtime_ns", "deps")
+
+
+def valid_manifest(data: object, name: str) -> bool:
+    """A manifest of ours, for extension ``name``, whose binary is a plain file of the entry
+    (``<name>.so``, or ``<name>`` for an executable): a tampered manifest can't point a load
+    outside its entry.
+
+    >>> m = dict.fromkeys(_NEEDED, 0) | {"format": MANIFEST_FORMAT, "binary": "ext.so", "binary_sha256": "", "deps": []}
+    >>> valid_manifest(m, "ext"), valid_manifest(m | {"binary": "../../evil.so"}, "ext")
+    (True, False)
+    """
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or any(k not in data for k in _NEEDED):
+        return False
+    if data.get("name", name) != name or data["binary"] not in (f"{name}.so", name):
+        return False
+    return isinstance(data["deps"], list) and isinstance(data["binary_size"], int) and \
+        isinstance(data["binary_mtime_ns"], int) and isinstance(data["binary_sha256"], str)
 
 
 def binary_state(entry: Entry, full_hash: bool = False) -> str:
@@ -159,7 +176,11 @@ def publish(
     """Copy a built binary into a new entry and rename it into place atomically."""
     name_dir = layout.name_dir(name)
     final = layout.entry_dir(name, input_key, headers_digest)
-    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=name_dir)
+    try:
+        tmp = tempfile.mkdtemp(prefix=".tmp-", dir=name_dir)
+    except OSError as exc:
+        raise CacheError(f"could not publish {name} into the cache at {name_dir}: {exc.strerror or exc}; "
+                         f"{cache_hint(layout.root)}") from exc
     try:
         os.chmod(tmp, 0o700)
         dst = os.path.join(tmp, binary_name)
@@ -185,6 +206,10 @@ def publish(
         if os.path.lexists(final):
             discard(final)  # a corrupt or unreadable entry under the same name
         os.rename(tmp, final)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CacheError(f"could not publish {name} into the cache at {name_dir}: {exc.strerror or exc}. Nothing was "
+                         f"cached; free some space there, or {cache_hint(layout.root)}") from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -21,8 +21,8 @@ import time
 from types import ModuleType
 
 from .. import settings as settings_mod
-from ..errors import BuildError
-from . import cache, deps as deps_mod, toolchain
+from ..errors import BuildError, CacheError
+from . import cache, deps as deps_mod, ranks, toolchain
 from .cache import Entry, Layout
 from .key import BuildSpec, check_name, is_cuda_file, make_spec
 from .progress import Reporter
@@ -190,6 +190,13 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
     else:
         build_dir = layout.build_dir(spec.name, spec.config_key)
         lock_path = layout.lock_path(spec.name, spec.config_key)
+    role = ranks.role(s)
+    failed = ranks.failure_path(name_dir, spec.input_key)
+    if not role.builds and not bad:
+        entry = ranks.await_builder(lambda: find_entry(layout, spec, reporter), lock_path, failed, spec.name, role,
+                                    s, reporter)
+        if entry is not None:
+            return entry
     with BuildLock(lock_path, spec.name, s.lock_timeout, reporter.notice) as lock:
         for path in bad:  # failed to import although its stat matched: corrupt in place
             cache.discard(path)
@@ -207,7 +214,19 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
             _clean_build_dir(build_dir, own=not build_directory)
         cache.sweep_stale(name_dir)
         cache.ensure_dir(build_dir, layout.root)
-        return _compile_and_publish(layout, spec, s, cxx, nvcc, ninja, build_dir, reporter)
+        try:
+            entry = _compile_and_publish(layout, spec, s, cxx, nvcc, ninja, build_dir, reporter)
+        except BuildError as exc:
+            ranks.record_failure(failed, exc)
+            raise
+        except OSError as exc:  # writing the build files (a full disk, a read-only cache)
+            raise CacheError(f"could not build {spec.name} in {build_dir}: {exc.strerror or exc}. Nothing was "
+                             f"cached; free some space there, or {cache.cache_hint(layout.root)}") from exc
+        try:
+            os.unlink(failed)  # an earlier failure of these inputs is history now
+        except FileNotFoundError:
+            pass
+        return entry
 
 
 def _clean_build_dir(build_dir: str, own: bool) -> None:

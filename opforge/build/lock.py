@@ -9,6 +9,7 @@ previous holder died mid-build, which the caller uses to start from a clean buil
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -70,17 +71,21 @@ class BuildLock:
 
     def __enter__(self) -> "BuildLock":
         start = time.monotonic()
-        try:
-            self._lock.acquire(timeout=0)
+        try:  # a moment's grace first: a waiting rank's probe (build/ranks.py) holds it for microseconds
+            self._lock.acquire(timeout=0.2, poll_interval=0.01)
         except filelock.Timeout:
             self._wait(start)
         # We hold it. A holder file still here was left by a holder that died.
         self.previous = read_holder(self.path)
         me = Holder(os.getpid(), socket.gethostname(), time.time(), self.what)
         tmp = f"{self.path}.holder.{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(me.__dict__, f)
-        os.replace(tmp, self.path + ".holder")
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(me.__dict__, f)
+            os.replace(tmp, self.path + ".holder")
+        except OSError:  # only the waiters' messages need it (a full disk must not leave the lock held)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         return self
 
     def _wait(self, start: float) -> None:

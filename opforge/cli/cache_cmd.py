@@ -1,4 +1,4 @@
-"""``opforge cache list | clean | verify``."""
+"""``opforge cache list | clean | verify | export | import``."""
 
 from __future__ import annotations
 
@@ -26,6 +26,17 @@ def add_parser(sub) -> None:
     vf.add_argument("--keep", action="store_true", help="report corrupt entries without removing them")
     vf.add_argument("--json", action="store_true", help="print JSON instead of a table")
     vf.set_defaults(func=cmd_verify)
+    ex = csub.add_parser("export", help="pack the builds that fit this machine into one archive, for other nodes")
+    ex.add_argument("file", help="the archive to write (.tar, or .tar.gz / .tgz for gzip)")
+    ex.add_argument("names", nargs="*", metavar="NAME", help="only these extensions")
+    ex.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ex.set_defaults(func=cmd_export)
+
+    im = csub.add_parser("import", help="verify an exported archive against this machine; install what fits")
+    im.add_argument("file", help="an archive written by `opforge cache export`")
+    im.add_argument("--dry-run", action="store_true", help="say what would be imported, write nothing")
+    im.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    im.set_defaults(func=cmd_import)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
@@ -94,3 +105,53 @@ def cmd_verify(args) -> int:
     print(f"{len(rows) - len(bad)} ok, {len(bad)} corrupt" + ("" if args.keep or not bad else " (removed)"),
           file=sys.stderr if args.json else sys.stdout)
     return 1 if bad else 0
+
+
+def _outcomes(outcomes, title: str, as_json: bool, extra: dict) -> None:
+    if as_json:
+        json.dump(dict(extra, entries=[o.to_json() for o in outcomes]), sys.stdout, indent=1)
+        print()
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("name", "entry", "status", "why"):
+        table.add_column(col)
+    colour = {"skipped": "yellow", "corrupt": "red"}
+    for o in outcomes:
+        status = f"[{colour[o.status]}]{o.status}[/{colour[o.status]}]" if o.status in colour else o.status
+        table.add_row(o.name, o.entry, status, o.reason)
+    if outcomes:
+        Console().print(table)
+
+
+def _counts(outcomes) -> str:
+    from collections import Counter
+
+    return ", ".join(f"{n} {status}" for status, n in sorted(Counter(o.status for o in outcomes).items())) or "nothing"
+
+
+def cmd_export(args) -> int:
+    from ..build import archive
+
+    root = settings_mod.current().cache_dir
+    outcomes = archive.export(args.file, args.names or None, root)
+    _outcomes(outcomes, f"opforge cache export: {root} -> {args.file}", args.json, {"cache_dir": root, "file": args.file})
+    print(f"{args.file}: {_counts(outcomes)}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def cmd_import(args) -> int:
+    from ..build import archive
+    from ..errors import ArchiveError
+
+    root = settings_mod.current().cache_dir
+    try:
+        outcomes = archive.import_(args.file, root, dry_run=args.dry_run)
+    except ArchiveError as exc:
+        print(f"opforge cache import: {exc}", file=sys.stderr)
+        return 2
+    _outcomes(outcomes, f"opforge cache import: {args.file} -> {root}", args.json, {"cache_dir": root, "file": args.file})
+    print(f"{args.file}: {_counts(outcomes)}", file=sys.stderr if args.json else sys.stdout)
+    return 1 if any(o.status == "corrupt" for o in outcomes) else 0

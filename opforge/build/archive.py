@@ -1,0 +1,332 @@
+"""Cache export and import: the entries built for this platform, in one archive.
+
+``opforge cache export FILE`` writes a tar (gzip when FILE ends in ``.gz`` or ``.tgz``)::
+
+    opforge-cache.json                      the index: format, host, torch, and each entry's
+                                            files with their size and sha256
+    entries/<name>/<entry dir>/<file>       manifest.json, build.log and the binary
+
+``opforge cache import FILE`` reads the index and decides for each entry whether it fits
+this machine (:func:`fits`: the same torch build and install, Python, CUDA archs, CPU for
+host-tuned builds, and the same sources and headers on disk, since the warm path checks
+them). An accepted entry is written into a temp dir of the cache, each file's sha256
+checked as it streams, and renamed into place: atomic per entry, so a process loading
+meanwhile sees all of it or nothing. A member's path in the archive is never used as a
+path: opforge names every file it writes (validated names, ``O_NOFOLLOW | O_EXCL``), so an
+archive can't write outside the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import socket
+import tarfile
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+from .. import settings as settings_mod
+from ..decision import Accepted, Decision, Rejected
+from ..errors import ArchiveError
+from . import cache, inventory
+from . import deps as deps_mod
+from .key import check_name, version_tuple
+
+INDEX = "opforge-cache.json"
+FORMAT = 1
+_ENTRY_DIR = re.compile(r"^[0-9a-f]{16}-[0-9a-f]{8}$")
+_TORCH_FIELDS = ("version", "git_version", "cuda", "hip", "cxx11_abi", "root", "python_tag", "ext_suffix", "machine")
+_STABLE_FIELDS = ("cuda", "hip", "cxx11_abi", "machine")
+
+
+@dataclass(frozen=True)
+class Here:
+    """The facts of this machine that decide whether a cached entry would be found and run here."""
+
+    torch: dict
+    cpu_identity: str
+    gpu_archs: str
+    """What ``key.cuda_arch_key`` gives here with no explicit arch flags ("list:...", "visible:9.0" or "none")."""
+    arch_list: str
+
+    @classmethod
+    def detect(cls, s: settings_mod.Settings | None = None) -> Here:
+        from . import toolchain
+        from .key import cuda_arch_key
+
+        s = s or settings_mod.current()
+        return cls(asdict(toolchain.torch_facts()), toolchain.host_cpu_identity(), cuda_arch_key(s, ()),
+                   s.cuda_arch_list or "")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    name: str
+    entry: str
+    status: str
+    """exported, imported, present (already in the cache), skipped, corrupt."""
+    reason: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def fits(manifest: dict, here: Here) -> Decision:
+    """Would this entry's binary be looked up and run on a machine with these facts? Pure.
+
+    >>> t = dict(version="2.13.0+cpu", git_version="g", cuda=None, hip=None, cxx11_abi=True, root="/t",
+    ...          python_tag="cpython-311", ext_suffix=".so", machine="x86_64")
+    >>> here = Here(t, "cpu", "none", "")
+    >>> m = {"inputs": {"torch": t, "cpu_identity": "", "cuda_archs": "", "stable_abi": "", "env": []}}
+    >>> bool(fits(m, here))
+    True
+    >>> print(fits({"inputs": dict(m["inputs"], torch=dict(t, version="2.12.0+cpu"))}, here).reason)
+    built for torch version 2.12.0+cpu; this machine has 2.13.0+cpu
+    """
+    inputs = manifest.get("inputs")
+    if not isinstance(inputs, dict) or not isinstance(inputs.get("torch"), dict):
+        return Rejected("its manifest does not record what it was built for (an older opforge?)")
+    theirs, ours = inputs["torch"], here.torch
+    stable = inputs.get("stable_abi") or ""
+    for f in _STABLE_FIELDS if stable else _TORCH_FIELDS:
+        if theirs.get(f) != ours.get(f):
+            return Rejected(f"built for torch {f} {theirs.get(f)}; this machine has {ours.get(f)}")
+    if stable and version_tuple(str(ours["version"])) < version_tuple(stable):
+        return Rejected(f"built on the stable ABI of torch {stable}; this machine has torch {ours['version']}")
+    if inputs.get("cpu_identity") and inputs["cpu_identity"] != here.cpu_identity:
+        return Rejected("tuned for its build host's CPU (-march=native or similar), and this CPU differs")
+    env = dict(inputs.get("env") or [])
+    if env.get("TORCH_CUDA_ARCH_LIST", "") != here.arch_list:
+        return Rejected(f"built with TORCH_CUDA_ARCH_LIST={env.get('TORCH_CUDA_ARCH_LIST', '')!r}; "
+                        f"here it is {here.arch_list!r}")
+    archs = inputs.get("cuda_archs") or ""
+    if archs and archs != "flags" and archs != here.gpu_archs:
+        return Rejected(f"built for the CUDA archs {archs!r}; this machine needs {here.gpu_archs!r} "
+                        "(build with the same TORCH_CUDA_ARCH_LIST on both machines)")
+    return Accepted()
+
+
+def verdict(manifest: dict, here: Here) -> Decision:
+    """:func:`fits`, then the sources and headers it was built from must be here, unchanged."""
+    d = fits(manifest, here)
+    if not d:
+        return d
+    changed = deps_mod.check(deps_mod.DepRecord(**r) for r in manifest["deps"])
+    if changed:
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        return Rejected(f"its source or header {changed[0]}{more} is missing or different here, so it would be stale")
+    return Accepted()
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _member(name: str, entry: str, fname: str) -> str:
+    return f"entries/{name}/{entry}/{fname}"
+
+
+def _tarinfo(arcname: str, size: int, mode: int = 0o644) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(arcname)
+    info.size, info.mode, info.mtime = size, mode, int(time.time())
+    return info
+
+
+def export(path: str, names: list[str] | None = None, root: str | None = None,
+           here: Here | None = None) -> list[Outcome]:
+    """Pack every entry that fits this machine (optionally only these extensions) into ``path``.
+    The archive is written beside ``path`` and renamed onto it when complete."""
+    root = root or settings_mod.current().cache_dir
+    here = here or Here.detect()
+    outcomes, chosen = [], []
+    for row in inventory.entries(root):
+        if names and row.name not in names:
+            continue
+        entry_name = os.path.basename(row.path)
+        m = cache.read_manifest(row.path)
+        why: Decision = Rejected("its manifest is missing, truncated or invalid") if m is None else Accepted()
+        if why:
+            try:
+                state = cache.binary_state(cache.Entry(row.path, m), full_hash=True)
+            except cache.UnsafeCacheError as exc:
+                state = str(exc)
+            why = verdict(m, here) if state == "ok" else Rejected(f"its binary is {state}")
+        if not why:
+            outcomes.append(Outcome(row.name, entry_name, "skipped", why.reason))
+            continue
+        files = {}
+        for fname in (m["binary"], cache.MANIFEST, cache.BUILD_LOG):
+            fpath = os.path.join(row.path, fname)
+            if os.path.isfile(fpath):
+                with open(fpath, "rb") as f:
+                    data = f.read()
+                files[fname] = (data, _sha256(data))
+        if files[m["binary"]][1] != m["binary_sha256"]:
+            outcomes.append(Outcome(row.name, entry_name, "skipped", "its binary changed while exporting"))
+            continue
+        chosen.append((row.name, entry_name, m, files))
+        outcomes.append(Outcome(row.name, entry_name, "exported"))
+    index = {
+        "format": FORMAT, "created_at": time.time(), "host": socket.gethostname(), "torch": here.torch,
+        "entries": [{"name": n, "entry": e, "binary": m["binary"], "kind": m.get("kind", ""),
+                     "files": {f: {"size": len(d), "sha256": h} for f, (d, h) in files.items()}}
+                    for n, e, m, files in chosen],
+    }
+    mode = "w:gz" if path.endswith((".gz", ".tgz")) else "w"
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".opforge-export-", dir=directory)
+    os.close(fd)
+    try:
+        with tarfile.open(tmp, mode) as tar:
+            blob = json.dumps(index, indent=1, sort_keys=True).encode()
+            tar.addfile(_tarinfo(INDEX, len(blob)), io.BytesIO(blob))
+            for n, e, m, files in chosen:
+                for fname, (data, _) in files.items():
+                    exe = fname == m["binary"] and m.get("kind") == "executable"
+                    tar.addfile(_tarinfo(_member(n, e, fname), len(data), 0o755 if exe else 0o644), io.BytesIO(data))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return outcomes
+
+
+def _read_index(tar: tarfile.TarFile, path: str) -> dict:
+    try:
+        member = tar.getmember(INDEX)
+    except KeyError:
+        raise ArchiveError(f"{path} is not an opforge cache archive (no {INDEX}); make one with "
+                           "`opforge cache export FILE`") from None
+    f = tar.extractfile(member) if member.isreg() else None
+    try:
+        index = json.loads(f.read()) if f else None
+    except ValueError:
+        index = None
+    if not isinstance(index, dict) or not isinstance(index.get("entries"), list):
+        raise ArchiveError(f"{path}: its {INDEX} is corrupt; export the archive again")
+    if index.get("format") != FORMAT:
+        raise ArchiveError(f"{path} has archive format {index.get('format')!r}; this opforge reads format {FORMAT}. "
+                           "Export it again with this opforge version")
+    return index
+
+
+def _check_names(item: object) -> tuple[str, str, str, dict]:
+    """An index entry's name, entry dir, binary and files, or ArchiveError when any could escape the cache."""
+    if not isinstance(item, dict):
+        raise ArchiveError("an index entry is not an object")
+    name, entry, binary, files = item.get("name"), item.get("entry"), item.get("binary"), item.get("files")
+    try:
+        check_name(name)
+    except ValueError as exc:
+        raise ArchiveError(f"invalid extension name in the archive: {exc}") from None
+    if not isinstance(entry, str) or not _ENTRY_DIR.match(entry):
+        raise ArchiveError(f"{name}: invalid entry directory {entry!r} in the archive")
+    if binary not in (f"{name}.so", name):
+        raise ArchiveError(f"{name}: invalid binary name {binary!r} in the archive")
+    allowed = {binary, cache.MANIFEST, cache.BUILD_LOG}
+    if not isinstance(files, dict) or binary not in files or cache.MANIFEST not in files or set(files) - allowed:
+        raise ArchiveError(f"{name}/{entry}: unexpected file list {sorted(files or {})} in the archive")
+    for fname, meta in files.items():
+        if not (isinstance(meta, dict) and isinstance(meta.get("size"), int)
+                and isinstance(meta.get("sha256"), str) and len(meta["sha256"]) == 64):
+            raise ArchiveError(f"{name}/{entry}: invalid size or sha256 for {fname} in the archive")
+    return name, entry, binary, files
+
+
+def _read_member(tar: tarfile.TarFile, arcname: str, size: int, sha256: str) -> bytes:
+    try:
+        member = tar.getmember(arcname)
+    except KeyError:
+        raise ArchiveError(f"{arcname} is listed in the index but missing from the archive") from None
+    if not member.isreg() or member.size != size:
+        raise ArchiveError(f"{arcname} is not a regular file of {size} bytes in the archive")
+    f = tar.extractfile(member)
+    data = f.read() if f else b""
+    if _sha256(data) != sha256:
+        raise ArchiveError(f"{arcname}: sha256 mismatch with the index, so the archive is corrupt")
+    return data
+
+
+def _write(path: str, data: bytes, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(path, mode)
+
+
+def _install(root: str, name: str, entry: str, contents: dict[str, bytes], manifest: dict) -> str:
+    """Write one entry into a temp dir of the cache and rename it into place. 'imported' or 'present'."""
+    name_dir = os.path.join(root, name)
+    cache.ensure_dir(root, root)
+    cache.ensure_dir(name_dir, root)
+    cache.check_safe(name_dir)
+    final = os.path.join(name_dir, entry)
+    if cache.read_manifest(final) is not None:
+        return "present"
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=name_dir)
+    try:
+        os.chmod(tmp, 0o700)
+        for fname, data in contents.items():
+            exe = fname == manifest["binary"] and manifest.get("kind") == "executable"
+            _write(os.path.join(tmp, fname), data, 0o755 if exe else 0o644)
+        mtime = manifest["binary_mtime_ns"]
+        os.utime(os.path.join(tmp, manifest["binary"]), ns=(mtime, mtime))  # the warm path's stat then matches
+        if os.path.lexists(final):
+            cache.discard(final)  # a corrupt entry under the same name
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if cache.read_manifest(final) is None:
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # another importer or builder got there first
+            return "present"
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return "imported"
+
+
+def import_(path: str, root: str | None = None, here: Here | None = None, dry_run: bool = False) -> list[Outcome]:
+    """Verify ``path`` against this machine and install the entries that fit (see the module doc)."""
+    root = root or settings_mod.current().cache_dir
+    here = here or Here.detect()
+    try:
+        tar = tarfile.open(path, "r:*")
+    except (OSError, tarfile.TarError) as exc:
+        raise ArchiveError(f"cannot read {path} as a cache archive: {exc}") from None
+    outcomes = []
+    with tar:
+        index = _read_index(tar, path)
+        for item in index["entries"]:
+            name, entry, binary, files = _check_names(item)
+            try:
+                contents = {f: _read_member(tar, _member(name, entry, f), meta["size"], meta["sha256"])
+                            for f, meta in files.items()}
+                manifest = json.loads(contents[cache.MANIFEST])
+                if not cache.valid_manifest(manifest, name) or manifest["binary"] != binary:
+                    raise ArchiveError(f"{name}/{entry}: its manifest is invalid or names another binary")
+                if manifest["binary_sha256"] != files[binary]["sha256"]:
+                    raise ArchiveError(f"{name}/{entry}: the binary's sha256 differs from its manifest's")
+            except (ArchiveError, ValueError, tarfile.TarError, OSError) as exc:
+                outcomes.append(Outcome(name, entry, "corrupt", str(exc)))
+                continue
+            d = verdict(manifest, here)
+            if not d:
+                outcomes.append(Outcome(name, entry, "skipped", d.reason))
+            elif dry_run:
+                present = cache.read_manifest(os.path.join(root, name, entry)) is not None
+                outcomes.append(Outcome(name, entry, "present" if present else "would import"))
+            else:
+                outcomes.append(Outcome(name, entry, _install(root, name, entry, contents, manifest)))
+    return outcomes
