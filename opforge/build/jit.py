@@ -97,7 +97,10 @@ def find_entry(layout: Layout, spec: BuildSpec, reporter: Reporter, corrupt: lis
         candidates = layout.candidates(spec.name, spec.input_key)
     if not candidates:
         return None
-    cache.check_safe(layout.name_dir(spec.name))
+    try:
+        cache.check_safe(layout.name_dir(spec.name))
+    except FileNotFoundError:
+        return None
     for path in candidates:
         manifest = cache.read_manifest(path)
         if manifest is None:
@@ -113,7 +116,10 @@ def find_entry(layout: Layout, spec: BuildSpec, reporter: Reporter, corrupt: lis
         if changed:
             reporter.info(f"{path} is stale: {', '.join(changed[:3])} changed")
             continue
-        cache.check_safe(path)
+        try:
+            cache.check_safe(path)
+        except FileNotFoundError:
+            continue  # removed since the scan (`opforge cache clean`): as if never found
         state = cache.binary_state(entry)
         if state != "ok":
             why = "corrupt (sha256 mismatch with its manifest)" if state == "corrupt" else "missing"
