@@ -158,7 +158,8 @@ def test_a_binary_that_disagrees_with_its_manifest_is_caught(cache_dir, make_pym
 
 @pytest.mark.parametrize("field,value", [
     ("name", "../../escape"), ("name", "a/b"), ("entry", "../../../tmp/x"), ("entry", "0123456789abcdef-0123456/"),
-    ("binary", "../evil.so"), ("binary", "/tmp/evil.so"),
+    ("binary", "../evil.so"), ("binary", "/tmp/evil.so"), ("name", "arch_esc\n"),
+    ("entry", "0123456789abcdef-01234567\n"),
 ])
 def test_names_that_could_escape_the_cache_are_refused(cache_dir, make_pymod, tmp_path, field, value):
     index, files = _exported(cache_dir, make_pymod, tmp_path, "arch_esc")

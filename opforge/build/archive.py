@@ -39,7 +39,7 @@ from .key import check_name, version_tuple
 
 INDEX = "opforge-cache.json"
 FORMAT = 1
-_ENTRY_DIR = re.compile(r"^[0-9a-f]{16}-[0-9a-f]{8}$")
+_ENTRY_DIR = re.compile(r"[0-9a-f]{16}-[0-9a-f]{8}")
 _TORCH_FIELDS = ("version", "git_version", "cuda", "hip", "cxx11_abi", "root", "python_tag", "ext_suffix", "machine")
 _STABLE_FIELDS = ("cuda", "hip", "cxx11_abi", "machine")
 
@@ -225,7 +225,7 @@ def _check_names(item: object) -> tuple[str, str, str, dict]:
         check_name(name)
     except ValueError as exc:
         raise ArchiveError(f"invalid extension name in the archive: {exc}") from None
-    if not isinstance(entry, str) or not _ENTRY_DIR.match(entry):
+    if not isinstance(entry, str) or not _ENTRY_DIR.fullmatch(entry):
         raise ArchiveError(f"{name}: invalid entry directory {entry!r} in the archive")
     if binary not in (f"{name}.so", name):
         raise ArchiveError(f"{name}: invalid binary name {binary!r} in the archive")

@@ -32,7 +32,7 @@ from .toolchain import TorchFacts, Tool
 #: 2: the shared libstdc++ is linked explicitly when the compiler only has a static one.
 BUILD_FORMAT = 2
 
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NATIVE_RE = re.compile(r"^-m(arch|tune|cpu)=native$")
 CUDA_SUFFIXES = (".cu", ".cuh")
 
@@ -51,7 +51,7 @@ def check_name(name: object) -> str:
     ...
     ValueError: extension name 'my-ext' is not a valid identifier: use letters, digits and '_', not starting with a digit (e.g. 'my_ext')
     """
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         suggestion = re.sub(r"[^A-Za-z0-9_]", "_", str(name)) or "my_ext"
         if suggestion[0] in "0123456789":
             suggestion = "_" + suggestion
