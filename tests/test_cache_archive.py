@@ -214,22 +214,27 @@ def test_a_failed_import_leaves_no_partial_entry(cache_dir, make_pymod, tmp_path
     _build("arch_atomic", make_pymod)
     out = tmp_path / "c.tar"
     archive.export(str(out), root=str(cache_dir))
-    calls = []
 
-    def failing_write(path, data, mode):
-        calls.append(path)
-        if len(calls) == 2:
-            raise OSError(28, "No space left on device")
-        real_write(path, data, mode)
+    def full(path):  # the disk fills up after the binary is copied, before the manifest
+        raise OSError(28, "No space left on device")
 
-    real_write = archive._write
-    monkeypatch.setattr(archive, "_write", failing_write)
+    monkeypatch.setattr(cache, "_fsync_file", full)
     node = tmp_path / "node"
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(opforge.CacheError, match="No space left on device.*free some space"):
         archive.import_(str(out), str(node))
-    assert os.listdir(node / "arch_atomic") == []  # no entry, no temp dir
-    monkeypatch.setattr(archive, "_write", real_write)
+    assert os.listdir(node / "arch_atomic") == []  # no entry, no temp dir, no staged binary
+    monkeypatch.undo()
     assert [o.status for o in archive.import_(str(out), str(node))] == ["imported"]
+
+
+def test_an_entry_dir_that_disagrees_with_its_manifest_key_is_refused(cache_dir, make_pymod, tmp_path):
+    index, files = _exported(cache_dir, make_pymod, tmp_path, "arch_key")
+    old = index["entries"][0]["entry"]
+    index["entries"][0]["entry"] = "f" * 16 + old[16:]
+    files = {n.replace(old, index["entries"][0]["entry"]): d for n, d in files.items()}
+    (o,) = archive.import_(_write_tar(tmp_path / "bad.tar", index, files), str(tmp_path / "node"))
+    assert o.status == "corrupt" and "names another entry" in o.reason
+    assert _entries(tmp_path / "node", "arch_key") == []
 
 
 def test_a_tampered_manifest_in_the_cache_is_never_followed(cache_dir, make_pymod, tmp_path):

@@ -9,10 +9,11 @@
 ``opforge cache import FILE`` reads the index and decides for each entry whether it fits
 this machine (:func:`fits`: the same torch build and install, Python, CUDA archs, CPU for
 host-tuned builds, and the same sources and headers on disk, since the warm path checks
-them). An accepted entry is written into a temp dir of the cache, each file's sha256
-checked as it streams, and renamed into place: atomic per entry, so a process loading
-meanwhile sees all of it or nothing. A member's path in the archive is never used as a
-path: opforge names every file it writes (validated names, ``O_NOFOLLOW | O_EXCL``), so an
+them). Each file is checked against the index's sha256, and the binary against its manifest's; an
+accepted entry is then published like a build (``cache.publish``: a temp dir of the cache,
+fsync, rename), atomic per entry, so a process loading meanwhile sees all of it or
+nothing. A member's path in the archive is never used as a path: members are looked up by
+the names opforge expects (validated), and ``publish`` names every file it writes, so an
 archive can't write outside the cache.
 """
 
@@ -23,7 +24,6 @@ import io
 import json
 import os
 import re
-import shutil
 import socket
 import tarfile
 import tempfile
@@ -32,10 +32,10 @@ from dataclasses import asdict, dataclass
 
 from .. import settings as settings_mod
 from ..decision import Accepted, Decision, Rejected
-from ..errors import ArchiveError
+from ..errors import ArchiveError, CacheError
 from . import cache, inventory
 from . import deps as deps_mod
-from .key import check_name, version_tuple
+from .key import check_name, sha256_file, version_tuple
 
 INDEX = "opforge-cache.json"
 FORMAT = 1
@@ -163,18 +163,13 @@ def export(path: str, names: list[str] | None = None, root: str | None = None,
         for fname in (m["binary"], cache.MANIFEST, cache.BUILD_LOG):
             fpath = os.path.join(row.path, fname)
             if os.path.isfile(fpath):
-                with open(fpath, "rb") as f:
-                    data = f.read()
-                files[fname] = (data, _sha256(data))
-        if files[m["binary"]][1] != m["binary_sha256"]:
-            outcomes.append(Outcome(row.name, entry_name, "skipped", "its binary changed while exporting"))
-            continue
+                files[fname] = (fpath, os.path.getsize(fpath), sha256_file(fpath))
         chosen.append((row.name, entry_name, m, files))
         outcomes.append(Outcome(row.name, entry_name, "exported"))
     index = {
         "format": FORMAT, "created_at": time.time(), "host": socket.gethostname(), "torch": here.torch,
         "entries": [{"name": n, "entry": e, "binary": m["binary"], "kind": m.get("kind", ""),
-                     "files": {f: {"size": len(d), "sha256": h} for f, (d, h) in files.items()}}
+                     "files": {f: {"size": size, "sha256": h} for f, (_, size, h) in files.items()}}
                     for n, e, m, files in chosen],
     }
     mode = "w:gz" if path.endswith((".gz", ".tgz")) else "w"
@@ -185,10 +180,10 @@ def export(path: str, names: list[str] | None = None, root: str | None = None,
         with tarfile.open(tmp, mode) as tar:
             blob = json.dumps(index, indent=1, sort_keys=True).encode()
             tar.addfile(_tarinfo(INDEX, len(blob)), io.BytesIO(blob))
-            for n, e, m, files in chosen:
-                for fname, (data, _) in files.items():
-                    exe = fname == m["binary"] and m.get("kind") == "executable"
-                    tar.addfile(_tarinfo(_member(n, e, fname), len(data), 0o755 if exe else 0o644), io.BytesIO(data))
+            for n, e, m, files in chosen:  # entries are immutable: what was hashed is what is packed
+                for fname, (fpath, size, _) in files.items():
+                    with open(fpath, "rb") as f:
+                        tar.addfile(_tarinfo(_member(n, e, fname), size), f)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
@@ -253,47 +248,29 @@ def _read_member(tar: tarfile.TarFile, arcname: str, size: int, sha256: str) -> 
     return data
 
 
-def _write(path: str, data: bytes, mode: int) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(path, mode)
-
-
 def _install(root: str, name: str, entry: str, contents: dict[str, bytes], manifest: dict) -> str:
-    """Write one entry into a temp dir of the cache and rename it into place. 'imported' or 'present'."""
-    name_dir = os.path.join(root, name)
+    """Publish one verified entry with the cache's own ``publish`` (temp dir, fsync, rename).
+    'imported', or 'present' when a valid entry is there already (or another process won the race)."""
+    layout = cache.Layout(root)
+    name_dir = layout.name_dir(name)
+    final = layout.entry_dir(name, manifest["key"], manifest.get("headers_digest", ""))
+    if os.path.basename(final) != entry:
+        raise ArchiveError(f"{name}/{entry}: its manifest's key names another entry ({os.path.basename(final)})")
+    if cache.read_manifest(final) is not None:
+        return "present"
     cache.ensure_dir(root, root)
     cache.ensure_dir(name_dir, root)
     cache.check_safe(name_dir)
-    final = os.path.join(name_dir, entry)
-    if cache.read_manifest(final) is not None:
-        return "present"
-    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=name_dir)
-    try:
-        os.chmod(tmp, 0o700)
-        for fname, data in contents.items():
-            exe = fname == manifest["binary"] and manifest.get("kind") == "executable"
-            _write(os.path.join(tmp, fname), data, 0o755 if exe else 0o644)
-        mtime = manifest["binary_mtime_ns"]
-        os.utime(os.path.join(tmp, manifest["binary"]), ns=(mtime, mtime))  # the warm path's stat then matches
-        if os.path.lexists(final):
-            cache.discard(final)  # a corrupt entry under the same name
+    with tempfile.NamedTemporaryFile(prefix=".tmp-import-", dir=name_dir) as staged:
+        staged.write(contents[manifest["binary"]])
+        staged.flush()
         try:
-            os.rename(tmp, final)
-        except OSError:
+            cache.publish(layout, name, manifest["key"], manifest.get("headers_digest", ""), staged.name,
+                          manifest["binary"], manifest, contents.get(cache.BUILD_LOG, b"").decode(errors="replace"))
+        except CacheError:
             if cache.read_manifest(final) is None:
                 raise
-            shutil.rmtree(tmp, ignore_errors=True)  # another importer or builder got there first
-            return "present"
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            return "present"  # another importer or builder published it meanwhile
     return "imported"
 
 
@@ -328,5 +305,10 @@ def import_(path: str, root: str | None = None, here: Here | None = None, dry_ru
                 present = cache.read_manifest(os.path.join(root, name, entry)) is not None
                 outcomes.append(Outcome(name, entry, "present" if present else "would import"))
             else:
-                outcomes.append(Outcome(name, entry, _install(root, name, entry, contents, manifest)))
+                try:
+                    status = _install(root, name, entry, contents, manifest)
+                except ArchiveError as exc:
+                    outcomes.append(Outcome(name, entry, "corrupt", str(exc)))
+                    continue
+                outcomes.append(Outcome(name, entry, status))
     return outcomes

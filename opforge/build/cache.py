@@ -79,6 +79,12 @@ def cache_hint(root: str) -> str:
     return f"set OPFORGE_CACHE_DIR to a directory you can write (now {root})"
 
 
+def write_error(doing: str, where: str, root: str, exc: OSError) -> CacheError:
+    """A failed write into the cache (a full disk, a read-only mount), as an error that names the fix."""
+    return CacheError(f"could not {doing} in {where}: {exc.strerror or exc}. Nothing was cached; free some space "
+                      f"there, or {cache_hint(root)}")
+
+
 def ensure_dir(path: str, root: str) -> None:
     """Create ``path`` (and parents) with mode 0700; errors name OPFORGE_CACHE_DIR."""
     try:
@@ -179,8 +185,7 @@ def publish(
     try:
         tmp = tempfile.mkdtemp(prefix=".tmp-", dir=name_dir)
     except OSError as exc:
-        raise CacheError(f"could not publish {name} into the cache at {name_dir}: {exc.strerror or exc}; "
-                         f"{cache_hint(layout.root)}") from exc
+        raise write_error(f"publish {name}", name_dir, layout.root, exc) from exc
     try:
         os.chmod(tmp, 0o700)
         dst = os.path.join(tmp, binary_name)
@@ -208,8 +213,7 @@ def publish(
         os.rename(tmp, final)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CacheError(f"could not publish {name} into the cache at {name_dir}: {exc.strerror or exc}. Nothing was "
-                         f"cached; free some space there, or {cache_hint(layout.root)}") from exc
+        raise write_error(f"publish {name}", name_dir, layout.root, exc) from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

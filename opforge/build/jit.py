@@ -21,7 +21,7 @@ import time
 from types import ModuleType
 
 from .. import settings as settings_mod
-from ..errors import BuildError, CacheError
+from ..errors import BuildError
 from . import cache, deps as deps_mod, ranks, toolchain
 from .cache import Entry, Layout
 from .key import BuildSpec, check_name, is_cuda_file, make_spec
@@ -226,8 +226,7 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
             ranks.record_failure(failed, exc)
             raise
         except OSError as exc:  # writing the build files (a full disk, a read-only cache)
-            raise CacheError(f"could not build {spec.name} in {build_dir}: {exc.strerror or exc}. Nothing was "
-                             f"cached; free some space there, or {cache.cache_hint(layout.root)}") from exc
+            raise cache.write_error(f"build {spec.name}", build_dir, layout.root, exc) from exc
         try:
             os.unlink(failed)  # an earlier failure of these inputs is history now
         except FileNotFoundError:

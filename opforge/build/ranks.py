@@ -28,7 +28,10 @@ together, is :func:`opforge.distributed.build_once`, a collective by contract.
 from __future__ import annotations
 
 import contextvars
+import json
+import os
 import random
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -130,10 +133,6 @@ def failure_path(name_dir: str, input_key: str) -> str:
 
 def record_failure(path: str, exc: BaseException) -> None:
     """Leave word that this build failed (read by ranks waiting for it; removed by a successful build)."""
-    import json
-    import os
-    import socket
-
     tmp = f"{path}.{os.getpid()}"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
@@ -144,8 +143,6 @@ def record_failure(path: str, exc: BaseException) -> None:
 
 
 def recent_failure(path: str, since: float) -> dict | None:
-    import json
-
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)

@@ -117,6 +117,7 @@ def test_a_full_disk_at_every_stage(tmp_path, tally, rounds):
     _mount_tmpfs(root, "4m")
     try:
         env = {"OPFORGE_CACHE_DIR": str(root / "cache")}
+        failed = 0
         for i in range(rounds):
             src = _write(tmp_path / "src" / f"full_{i}.cpp", f"full_{i}", i)
             _fill(root, leave=i * (96 * 1024) // max(1, rounds - 1))
@@ -126,8 +127,10 @@ def test_a_full_disk_at_every_stage(tmp_path, tally, rounds):
             t.fault()
             if r.returncode != 0:  # a clear error, from opforge, that says what happened
                 assert "No space left" in r.stderr and "opforge.errors." in r.stderr, r.stderr[-2000:]
+                failed += 1
             os.unlink(root / "filler")
             assert t.load(f"full_{i}", src, i, env=env) is not None, t.err
+        assert failed >= 1  # at least the round with no space left hit the fault
         rows = inventory.verify(str(root / "cache"), remove=False)
         assert rows and all(r.status == "ok" for r in rows), rows
     finally:
