@@ -14,8 +14,22 @@ import sys
 import textwrap
 
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# The fuzz tests (``@given``) take their example counts from a profile, not from their
+# decorators: "ci" (the default, what `make test` runs) keeps the suite quick; "fuzz"
+# (``HYPOTHESIS_PROFILE=fuzz``) runs 1000 a test (``FUZZ_EXAMPLES`` to change it), for a fuzzing
+# session (docs/reliability.md has its figures). A failure prints the blob that replays it.
+hypothesis_settings.register_profile(
+    "ci", max_examples=40, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large])
+hypothesis_settings.register_profile("fuzz", parent=hypothesis_settings.get_profile("ci"),
+                                     max_examples=int(os.environ.get("FUZZ_EXAMPLES", "1000")))
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pymod_source(name: str, value: int = 1, extra: str = "") -> str:

@@ -25,7 +25,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import opforge.ops  # noqa: F401  (registers torch.ops.opforge.*)
@@ -274,23 +274,32 @@ def test_saves_only_what_the_derivative_needs(act, saves):
 
 
 @given(st.data())
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-def test_any_shape_dim_and_strides(data):
+def test_fuzz_shapes_strides_dtypes_and_parameters(data):
+    """Any rank, shape, dim, layout (permuted, stepped, offset), dtype, activation, alpha, gain
+    and clamp, with or without a bias (in its own dtype), against the fp64 reference."""
     ndim = data.draw(st.integers(1, 4), label="ndim")
-    shape = data.draw(st.lists(st.integers(1, 5), min_size=ndim, max_size=ndim), label="shape")
+    shape = data.draw(st.lists(st.integers(1, 6), min_size=ndim, max_size=ndim), label="shape")
     perm = data.draw(st.permutations(range(ndim)), label="perm")
     step = data.draw(st.integers(1, 2), label="step")
+    offset = data.draw(st.integers(0, 1), label="storage offset")
     dim = data.draw(st.integers(-ndim, ndim - 1), label="dim")
+    dtype = data.draw(st.sampled_from(DTYPES + (torch.float64,)), label="dtype")
     act = data.draw(st.sampled_from(ACTS), label="act")
-    gain = data.draw(st.sampled_from([None, 0.5, -2.0]), label="gain")
-    clamp = data.draw(st.sampled_from([None, 0.3, 2.0]), label="clamp")
-    with_b = data.draw(st.booleans(), label="bias")
-    gen = torch.Generator().manual_seed(len(shape) * 31 + sum(shape))
-    base = torch.randn([s * step for s in shape], generator=gen) * 2
-    x = base[tuple(slice(None, None, step) for _ in shape)].permute(*perm)  # shape permuted, odd strides
-    x = x.detach().requires_grad_()
-    b = torch.randn(x.shape[dim], generator=gen).requires_grad_() if with_b else None
-    check_against_reference(x, b, dim, act, gain=gain, clamp=clamp)
+    alpha = data.draw(st.one_of(st.none(), st.floats(-0.5, 1.5)), label="alpha") if act in ("lrelu", "elu") else None
+    gain = data.draw(st.one_of(st.none(), st.floats(-2.0, 2.0)), label="gain")
+    clamp = data.draw(st.one_of(st.none(), st.floats(0.0, 4.0)), label="clamp")
+    b_dtype = data.draw(st.one_of(st.none(), st.sampled_from([dtype, torch.float32])), label="bias dtype")
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.randn(offset + math.prod(s * step for s in shape), generator=gen) * 2
+    x = base[offset:].view([s * step for s in shape])[tuple(slice(None, None, step) for _ in shape)].permute(*perm)
+    x = x.to(dtype).detach().requires_grad_()
+    b = None if b_dtype is None else torch.randn(x.shape[dim], generator=gen).to(b_dtype).requires_grad_()
+    if gain is not None and 0 < abs(gain) < 2.0**-126:  # fp32 can't take it: a clear error, never NaN
+        with pytest.raises(ValueError, match="gain 0 or between"):
+            bias_act(x, b, dim=dim, act=act, alpha=alpha, gain=gain, clamp=clamp)
+        return
+    check_against_reference(x, b, dim, act, alpha=alpha, gain=gain, clamp=clamp, seed=seed)
 
 
 # -- gradients in fp64 --
@@ -461,6 +470,11 @@ BAD = {
     "dim too small": ({"dim": -3}, ValueError, r"dim=-3 is out of range"),
     "alpha for relu": ({"act": "relu", "alpha": 0.1}, ValueError, r"act='relu' takes no alpha .* only lrelu"),
     "inf gain": ({"gain": float("inf")}, ValueError, r"gain and alpha must be finite"),
+    # fp32 can't hold these (found by the fuzz test: a gain fp32 rounds to 0 made y / gain NaN)
+    "tiny gain": ({"gain": 5e-69}, ValueError, r"gain 0 or between 1.175e-38 and 3.403e\+38 .*pass gain=0"),
+    "subnormal gain": ({"gain": -1e-40}, ValueError, r"gain 0 or between"),
+    "huge gain": ({"gain": 1e39}, ValueError, r"gain 0 or between"),
+    "huge alpha": ({"act": "lrelu", "alpha": -1e39}, ValueError, r"alpha must be at most 3.403e\+38"),
     "scalar x with b": ({"x": torch.tensor(1.0), "b": torch.zeros(1)}, ValueError, r"x is a scalar"),
     "b not a tensor": ({"b": [0.0] * 4}, TypeError, r"b must be a tensor or None"),
     "x not a tensor": ({"x": [[1.0]]}, TypeError, r"x must be a tensor"),
@@ -505,6 +519,8 @@ def test_bad_input_to_the_raw_cpu_ops(impl):
         (lambda: ops.forward(x, b[:2], y, 3, 4, 2, 0.0, 1.0, -1.0), "b has 2 elements, expected 3"),
         (lambda: ops.forward(x, b, y, 3, 0, 2, 0.0, 1.0, -1.0), "channels and inner must be >= 1, got 3 and 0"),
         (lambda: ops.forward(x, b, y, 3, 4, 12, 0.0, 1.0, -1.0), "unknown activation id 12"),
+        (lambda: ops.forward(x, b, y, 3, 4, 2, 0.0, 1e-40, -1.0), "gain 0 or a normal float32 magnitude"),
+        (lambda: ops.backward(x, x, None, y, None, 3, 4, 4, 1, 1e39, 1.0, -1.0, -1.0), "alpha must be within"),
         (lambda: ops.backward(x, x, None, y, None, 3, 4, 4, 3, 0.0, 1.0, -1.0, -1.0), "ref must be 0"),
         (lambda: ops.backward(x, None, None, y, None, 3, 4, 4, 1, 0.0, 1.0, -1.0, -1.0),
          "ref must be given exactly when"),

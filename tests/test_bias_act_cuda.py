@@ -22,6 +22,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from test_bias_act import ACTS, CONFIGS, DEFAULTS, DTYPES, EPS, FWD_TOL, GRAD_TOL, reference
 
 import opforge.ops  # noqa: F401  (registers torch.ops.opforge.*)
@@ -189,6 +191,37 @@ def test_op_second_order_through_autograd(on_cuda):
             got.append(torch.autograd.grad(gx.sin().sum(), (xx, bb)))
         for mine, want in zip(got[0], got[1], strict=True):
             torch.testing.assert_close(mine.cpu().double(), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("variant", ["bias_act_cuda", "bias_act_triton"])
+@given(data=st.data())
+def test_fuzz_op_shapes_strides_dtypes_and_parameters(variant, data, _one_cache, monkeypatch):
+    """Both GPU variants through the public op: any rank, shape (small, or a long inner run that
+    takes the vector and row walks), dim, layout (permuted, stepped, at an odd offset), dtype,
+    activation, alpha, gain and clamp, bias or not, against the fp64 reference."""
+    chosen = dispatch.implementation("cuda", variant)  # that one (loaded by name), or an error
+    monkeypatch.setattr(op_module, "_kernel", lambda t: chosen if t.is_cuda else dispatch.implementation(t.device))
+    ndim = data.draw(st.integers(1, 4), label="ndim")
+    shape = data.draw(st.lists(st.integers(1, 6), min_size=ndim, max_size=ndim), label="shape")
+    if data.draw(st.booleans(), label="long last dim"):
+        shape[-1] = data.draw(st.integers(60, 2100), label="last dim")
+    perm = data.draw(st.permutations(range(ndim)), label="perm")
+    step = data.draw(st.integers(1, 2), label="step")
+    offset = data.draw(st.integers(0, 1), label="storage offset")
+    dim = data.draw(st.integers(-ndim, ndim - 1), label="dim")
+    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
+    act = data.draw(st.sampled_from(ACTS), label="act")
+    alpha = data.draw(st.one_of(st.none(), st.floats(-0.5, 1.5)), label="alpha") if act in ("lrelu", "elu") else None
+    gain = data.draw(st.one_of(st.none(), st.just(0.0), st.floats(-2.0, 2.0).map(lambda g: g if abs(g) > 1e-30 else 0.0)),
+                     label="gain")
+    clamp = data.draw(st.one_of(st.none(), st.floats(0.0, 4.0)), label="clamp")
+    b_dtype = data.draw(st.one_of(st.none(), st.sampled_from([dtype, torch.float32])), label="bias dtype")
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    gen = torch.Generator().manual_seed(seed)
+    base = (torch.randn(offset + math.prod(s * step for s in shape), generator=gen) * 2).to("cuda", dtype)
+    x = base[offset:].view([s * step for s in shape])[tuple(slice(None, None, step) for _ in shape)].permute(*perm)
+    b = None if b_dtype is None else torch.randn(x.shape[dim], generator=gen).to("cuda", b_dtype)
+    check_op(x.detach(), b, dim, act, alpha=alpha, gain=gain, clamp=clamp, seed=seed)
 
 
 # -- the contract, against opforge's torch reference on the same inputs in fp64 --

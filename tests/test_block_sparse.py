@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import opforge.ops  # noqa: F401  (registers torch.ops.opforge.*)
@@ -101,14 +101,29 @@ def test_no_bias_and_fp64():
     check_against_dense(torch.randn(3, 64), layout, dtype=torch.float64)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from([(16, 16), (32, 16), (16, 64)]), st.integers(1, 4), st.integers(1, 4),
-       st.integers(0, 9), st.floats(0.05, 1.0), st.integers(0, 2**16))
-def test_any_grid_density_and_token_count(bs, rows, cols, tokens, density, seed):
-    layout = BlockSparseLayout.random(rows * bs[0], cols * bs[1], density, bs,
-                                      generator=torch.Generator().manual_seed(seed))
-    check_against_dense(torch.randn(tokens, cols * bs[1], generator=torch.Generator().manual_seed(seed)), layout,
-                        seed=seed)
+@given(st.data())
+def test_fuzz_grids_block_shapes_layouts_and_dtypes(data):
+    """Any block shape (the torch path takes any), grid, density, token count and batch dims,
+    x permuted or stepped, bias or not, in fp32 or fp64, against the masked dense reference."""
+    bs = data.draw(st.tuples(st.integers(1, 24), st.integers(1, 24)), label="block shape")
+    rows, cols = data.draw(st.integers(1, 4), label="block-rows"), data.draw(st.integers(1, 4), label="block-cols")
+    density = data.draw(st.floats(0.01, 1.0), label="density")
+    batch = data.draw(st.lists(st.integers(0, 4), max_size=2), label="batch dims")
+    how = data.draw(st.sampled_from(["contiguous", "transposed", "stepped"]), label="x layout")
+    dtype = data.draw(st.sampled_from([torch.float32, torch.float64]), label="dtype")
+    bias = data.draw(st.booleans(), label="bias")
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    gen = torch.Generator().manual_seed(seed)
+    layout = BlockSparseLayout.random(rows * bs[0], cols * bs[1], density, bs, generator=gen)
+    in_f = cols * bs[1]
+    if how == "stepped":  # every other feature
+        x = torch.randn(*batch, 2 * in_f, generator=gen)[..., ::2]
+    elif how == "transposed" and batch:  # the first batch dim and the features swapped in memory
+        x = torch.randn(in_f, *batch[1:], batch[0], generator=gen).movedim(0, -1).movedim(-2, 0)
+    else:
+        x = torch.randn(*batch, in_f, generator=gen)
+    assert x.shape == (*batch, in_f)
+    check_against_dense(x, layout, dtype=dtype, bias=bias, seed=seed)
 
 
 def test_chunked_paths_agree(monkeypatch):

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from test_block_sparse import dense_reference, layout_of
 
 import opforge.ops  # noqa: F401
 from opforge.kernel_loader import BlockSparseLoader
+from opforge.kernels.block_sparse.layout import BLOCK_SIZES, BlockSparseLayout
 from opforge.ops import block_sparse_linear
 
 pytestmark = pytest.mark.cuda
@@ -153,3 +156,38 @@ def test_a_misaligned_input_takes_the_pointer_loads(launches):
     assert x.is_contiguous() and x.data_ptr() % 16 != 0
     check(x, layout, torch.float16)
     assert "fwd" in launches, launches
+
+
+@given(st.data())
+def test_fuzz_block_shapes_grids_tokens_layouts_and_dtypes(data):
+    """Any tuned block shape (and now and then an untuned one, which takes the torch path), grid,
+    density, token count from decode to a few hundred, batch dims, x permuted, stepped or at an
+    odd offset, bias or not, in fp16, bf16 and fp32, against the masked dense reference."""
+    side = st.sampled_from(BLOCK_SIZES)
+    bs = data.draw(st.one_of(st.tuples(side, side), st.tuples(st.integers(1, 24), st.integers(1, 24))),
+                   label="block shape")
+    rows, cols = data.draw(st.integers(1, 4), label="block-rows"), data.draw(st.integers(1, 4), label="block-cols")
+    density = data.draw(st.floats(0.01, 1.0), label="density")
+    tokens = data.draw(st.one_of(st.integers(0, 20), st.integers(21, 400)), label="tokens")
+    how = data.draw(st.sampled_from(["contiguous", "batched", "transposed", "stepped", "offset"]), label="x layout")
+    dtype = data.draw(st.sampled_from([torch.float16, torch.bfloat16, torch.float32]), label="dtype")
+    bias = data.draw(st.booleans(), label="bias")
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    gen = torch.Generator().manual_seed(seed)
+    layout = BlockSparseLayout.random(rows * bs[0], cols * bs[1], density, bs, generator=gen)
+    in_f = cols * bs[1]
+
+    def draw(*size):  # on the GPU in the dtype already: check()'s .to() keeps the layout made below
+        return torch.randn(*size, generator=gen).to("cuda", dtype)
+
+    if how == "batched":
+        x = draw(2, tokens, in_f)
+    elif how == "transposed":
+        x = draw(in_f, tokens).t()
+    elif how == "stepped":
+        x = draw(tokens, 2 * in_f)[:, ::2]
+    elif how == "offset":  # one element in: rows not 16-byte aligned
+        x = draw(tokens * in_f + 1)[1:].view(tokens, in_f)
+    else:
+        x = draw(tokens, in_f)
+    check(x, layout, dtype, bias=bias, seed=seed)

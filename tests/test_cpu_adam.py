@@ -22,6 +22,8 @@ import re
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from opforge.kernel_loader import CPUAdamLoader
 
@@ -439,6 +441,83 @@ def test_multi_shared_memory_is_refused_unless_only_read(name):
         spoil(bad)
         with pytest.raises(RuntimeError, match=message):
             k.adam_step_multi_(*bad, *scalars, False, 2)
+
+
+# --- fuzzing (hypothesis): any size, shape, dtype mix and hyperparameters
+
+HYPER = st.fixed_dictionaries({
+    "lr": st.floats(1e-5, 0.1), "beta1": st.floats(0.0, 0.99), "beta2": st.floats(0.5, 0.9999),
+    "eps": st.floats(1e-10, 1e-3), "weight_decay": st.sampled_from([0.0, 0.01, 0.3]), "adamw": st.booleans(),
+    "bias_correction": st.booleans(), "maximize": st.booleans(),
+    "grad_scale": st.sampled_from([1.0, 0.5, 1024.0]),
+})
+NAMES = ("lr", "beta1", "beta2", "eps", "weight_decay", "adamw", "bias_correction", "maximize", "grad_scale")
+
+
+@given(st.data())
+def test_fuzz_against_fp64_reference(data):
+    """Every variant that runs here, any shape (SIMD tails: sizes around 16-lane multiples), param
+    dtype, grad dtype, fused copy dtype, states not zero, starting at any step, any hyperparameters,
+    with amsgrad or not, against the fp64 reference; a non-finite grad skips the step untouched."""
+    name = data.draw(st.sampled_from(VARIANTS), label="variant")
+    shape = data.draw(st.lists(st.integers(0, 40), min_size=1, max_size=3), label="shape")
+    dtype = data.draw(st.sampled_from(DTYPES), label="param dtype")
+    grad_dtype = data.draw(st.sampled_from([dtype, torch.float32]), label="grad dtype")
+    copy_dtype = data.draw(st.sampled_from([None, torch.bfloat16, torch.float16, torch.float32]), label="copy dtype")
+    h = data.draw(HYPER, label="hyperparameters")
+    amsgrad = data.draw(st.booleans(), label="amsgrad")
+    start = data.draw(st.integers(0, 1000), label="steps already taken")
+    steps = data.draw(st.integers(1, 3), label="steps")
+    poison = data.draw(st.sampled_from([None, float("inf"), float("-inf"), float("nan")]), label="bad grad")
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    gen = torch.Generator().manual_seed(seed)
+    p = torch.randn(shape, generator=gen).to(dtype)
+    m = torch.randn(shape, generator=gen) * 0.1 if start else torch.zeros(shape)
+    v = torch.rand(shape, generator=gen) * 0.1 if start else torch.zeros(shape)
+    vmax = v * 1.5 if amsgrad else None
+    copy = torch.empty(shape, dtype=copy_dtype) if copy_dtype else None
+    want = [p.double(), m.double(), v.double(), None if vmax is None else vmax.double()]
+    scalars = [h[k] for k in NAMES]
+    k = kernel(name)
+    for step in range(start + 1, start + steps + 1):
+        g = (torch.randn(shape, generator=gen) * h["grad_scale"]).to(grad_dtype)
+        if poison is not None and g.numel() and step == start + steps:
+            g.view(-1)[int(torch.randint(g.numel(), (1,), generator=gen))] = poison
+            before = [t.clone() for t in (p, m, v) + ((vmax,) if amsgrad else ())]
+            took = k.adam_step_(p, g, m, v, vmax, copy, *scalars[:5], step, *scalars[5:], True, 1)
+            assert took is False
+            assert all(torch.equal(t, u) for t, u in zip((p, m, v) + ((vmax,) if amsgrad else ()), before))
+            break
+        assert k.adam_step_(p, g, m, v, vmax, copy, *scalars[:5], step, *scalars[5:], False, 1)
+        want = list(reference_step(want[0], g.double(), *want[1:], step, *scalars))
+        want[0] = want[0].to(dtype).double()  # stored in the param's dtype, as the kernel does
+        if copy is not None:
+            torch.testing.assert_close(copy, p.to(copy_dtype), rtol=0, atol=0)
+    # fp32: a few ulps of each step's update on top of the param's own (TOL's rtol covers |p| ~ 1)
+    moved = (want[0] - p.double()).abs().max().item() if p.numel() else 0.0
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(p.double(), want[0], rtol=rtol, atol=atol + 1e-5 * moved)
+    torch.testing.assert_close(m.double(), want[1], rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(v.double(), want[2], rtol=1e-4, atol=1e-8)
+    if amsgrad:
+        torch.testing.assert_close(vmax.double(), want[3], rtol=1e-4, atol=1e-8)
+
+
+@given(st.data())
+def test_fuzz_multi_is_the_per_param_op_bit_for_bit(data):
+    """Any list of sizes (empty ones too), dtype mix, hyperparameters and thread count: the
+    multi op gives exactly what adam_step_ gives param by param."""
+    name = data.draw(st.sampled_from(VARIANTS), label="variant")
+    sizes = tuple(data.draw(st.lists(st.integers(0, 3000), max_size=6), label="sizes"))
+    h = data.draw(HYPER, label="hyperparameters")
+    amsgrad, copies = data.draw(st.booleans(), label="amsgrad"), data.draw(st.booleans(), label="copies")
+    threads = data.draw(st.integers(1, 4), label="threads")
+    scalars = tuple(h[k] for k in NAMES)
+    k, start = kernel(name), multi_lists(data.draw(st.integers(0, 2**16), label="seed"), amsgrad, copies, sizes)
+    want, got = clone(start), clone(start)
+    per_param(k, want, scalars, True)
+    assert k.adam_step_multi_(*got, *scalars, True, threads)
+    assert_bitwise_equal(got, want)
 
 
 def test_report_lists_the_family(capsys):

@@ -8,6 +8,8 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from opforge.kernel_loader import CPUAdamLoader
 from opforge.optim import CPUAdam
@@ -297,3 +299,32 @@ def test_a_state_that_cannot_be_converted_is_a_clear_error_and_nothing_moves():
         train(m, opt, 1)
     assert all(torch.equal(p, q) for p, q in zip(params, before))
     assert all(float(opt.state[p]["step"]) == 1.0 for p in params)
+
+
+@given(st.data())
+def test_fuzz_against_torch_optim(data):
+    """Any params (shapes, empty ones, some without a grad at some steps), hyperparameters and
+    variant: the same params as torch.optim.Adam / AdamW after a few steps."""
+    name = data.draw(st.sampled_from(VARIANTS), label="variant")
+    shapes = data.draw(st.lists(st.lists(st.integers(0, 9), max_size=3), min_size=1, max_size=4), label="shapes")
+    kw = dict(lr=data.draw(st.floats(1e-4, 0.1), label="lr"),
+              betas=(data.draw(st.floats(0.0, 0.95), label="beta1"), data.draw(st.floats(0.5, 0.9999), label="beta2")),
+              eps=data.draw(st.floats(1e-10, 1e-4), label="eps"),
+              weight_decay=data.draw(st.sampled_from([0.0, 0.05]), label="weight_decay"),
+              amsgrad=data.draw(st.booleans(), label="amsgrad"), maximize=data.draw(st.booleans(), label="maximize"))
+    adamw = data.draw(st.booleans(), label="adamw")
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    gen = torch.Generator().manual_seed(seed)
+    ours = [torch.randn(s, generator=gen).requires_grad_() for s in shapes]
+    theirs = [p.detach().clone().requires_grad_() for p in ours]
+    opt = CPUAdam(ours, adamw_mode=adamw, ext_name=name, **kw)
+    ref = (torch.optim.AdamW if adamw else torch.optim.Adam)(theirs, **kw)
+    for _ in range(3):
+        for p, q in zip(ours, theirs):
+            skip = bool(torch.rand((), generator=gen) < 0.2)  # no grad this step: left alone by both
+            g = None if skip else torch.randn(p.shape, generator=gen)
+            p.grad, q.grad = g, None if g is None else g.clone()
+        opt.step()
+        ref.step()
+    for p, q in zip(ours, theirs):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

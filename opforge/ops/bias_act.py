@@ -36,6 +36,10 @@ from ..kernels.bias_act import dispatch, native_autograd
 from ..kernels.bias_act.activations import NAMES, Activation, lookup
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+FP32_MAX = 3.4028234663852886e38
+FP32_TINY = 2.0**-126
+"""fp32's largest and smallest normal magnitudes: the scalars' range (a gain below it has no
+finite reciprocal in fp32, and the derivatives that read ``y`` divide by the gain)."""
 
 
 def _kernel(t: torch.Tensor):
@@ -54,8 +58,14 @@ def check(x: torch.Tensor, b: torch.Tensor | None, dim: int, spec: Activation, a
 def check_scalars(alpha: float, gain: float, clamp: float | None) -> None:
     if clamp is not None and not clamp >= 0:  # also catches NaN
         raise ValueError(f"bias_act: clamp must be None (no clamping) or >= 0, got {clamp}")
-    if not (abs(gain) < math.inf and abs(alpha) < math.inf):  # also NaN; math.isfinite would break a dynamic graph
+    # Plain comparisons (math.isfinite would break a dynamic graph); each is false for NaN.
+    if not (abs(gain) < math.inf and abs(alpha) < math.inf):
         raise ValueError(f"bias_act: gain and alpha must be finite, got gain={gain}, alpha={alpha}")
+    if not (abs(alpha) <= FP32_MAX and (gain == 0 or FP32_TINY <= abs(gain) <= FP32_MAX)):
+        raise ValueError(f"bias_act: gain={gain}, alpha={alpha}: the kernels compute in float32, where alpha must "
+                         f"be at most {FP32_MAX:.4g} in magnitude and gain 0 or between {FP32_TINY:.4g} and "
+                         f"{FP32_MAX:.4g} (the derivatives divide by it): pass gain=0 for a zero output, or "
+                         f"scale the result yourself")
 
 
 def check_tensors(x: torch.Tensor, b: torch.Tensor | None, dim: int) -> int:

@@ -126,7 +126,7 @@ def _d_from_value(a: torch.Tensor, name: str, alpha: float) -> torch.Tensor:
     if name == "relu":
         return (a > 0).to(a.dtype)
     if name == "lrelu":
-        return torch.where(a > 0, 1.0, alpha).to(a.dtype)
+        return torch.where(a > 0, torch.ones_like(a), alpha)  # alpha in a's dtype (a where() of two scalars is fp32)
     if name == "tanh":
         return 1 - a * a
     if name == "sigmoid":
@@ -157,7 +157,7 @@ def _d_from_pre(v: torch.Tensor, name: str, alpha: float) -> torch.Tensor:
     if name == "linear":
         return torch.ones_like(v)
     if name == "lrelu":
-        return torch.where(v > 0, 1.0, alpha).to(v.dtype)
+        return torch.where(v > 0, torch.ones_like(v), alpha)
     if name == "elu":
         return torch.where(v > 0, 1.0, alpha * torch.exp(v))
     if name == "swish":

@@ -42,6 +42,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -177,6 +178,10 @@ void check_scalars(const Frame& f, int64_t act, double alpha, double gain, doubl
                   ")");
   STD_TORCH_CHECK(std::isfinite(alpha) && std::isfinite(gain), f.op, ": alpha and gain must be finite, got ", alpha,
                   " and ", gain);
+  // In float32, as the kernels use them: the derivatives from y divide by the gain.
+  STD_TORCH_CHECK(std::fabs(alpha) <= FLT_MAX && (gain == 0.0 || (std::fabs(gain) >= FLT_MIN && std::fabs(gain) <= FLT_MAX)),
+                  f.op, ": alpha must be within float32's range and gain 0 or a normal float32 magnitude, got ",
+                  alpha, " and ", gain);
   STD_TORCH_CHECK(!std::isnan(clamp), f.op, ": clamp must be a number (< 0 for none), got NaN");
 }
 

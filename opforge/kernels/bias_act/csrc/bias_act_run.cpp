@@ -7,6 +7,8 @@
 // order. No torch headers (see bias_act_cpu.h).
 
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
@@ -158,6 +160,9 @@ std::string make_params(const char* op, int64_t channels, int64_t inner, int64_t
     return fmt("%s: channels and inner must be >= 1, got %lld and %lld", op, ll(channels), ll(inner));
   if (act < 1 || act > kNumActs) return fmt("%s: unknown activation id %lld", op, ll(act));
   if (ref < 0 || ref > 2) return fmt("%s: ref must be 0 (none), 1 (y) or 2 (x), got %lld", op, ll(ref));
+  if (!(std::fabs(alpha) <= FLT_MAX && (gain == 0.0 || (std::fabs(gain) >= FLT_MIN && std::fabs(gain) <= FLT_MAX))))
+    return fmt("%s: alpha must be within float32's range and gain 0 or a normal float32 magnitude (the derivatives "
+               "divide by it), got %g and %g", op, alpha, gain);
   const float g = static_cast<float>(gain);
   p = {static_cast<int>(act),    static_cast<int>(ref),       static_cast<float>(alpha), g,
        g != 0.0f ? 1.0f / g : 0.0f, static_cast<float>(clamp), static_cast<float>(clamp_ref), clamp >= 0};
