@@ -104,6 +104,9 @@ class Extension:
     description: ClassVar[str] = ""
     devices: ClassVar[tuple[str, ...]] = ()
     """The tensor device types (``torch.device.type``) its ops take; empty: any."""
+    aot_package: ClassVar[str] = "opforge._C"
+    """The package its binary is prebuilt into at ``pip install``, and looked for at load time.
+    A downstream package sets its own (``"mypkg._C"``; see ``opforge.aot.setup_extensions``)."""
 
     sources: ClassVar[tuple[str, ...]] = ()
     """Relative to the directory of the module that declares the class."""
@@ -161,7 +164,7 @@ class Extension:
     def _load(self, platform, status: Status | None, verbose: bool) -> LoadedKernel:
         raise NotImplementedError
 
-    def build_aot(self, package: str = "opforge._C"):
+    def build_aot(self, package: str | None = None):
         raise OpforgeError(f"{self.name}: a {self.backend} extension has nothing to build ahead of time")
 
     def __repr__(self) -> str:
@@ -257,7 +260,7 @@ class CompiledExtension(Extension):
             from .platform import current
 
             platform = current(s)
-        pb = prebuilt_mod.read()
+        pb = prebuilt_mod.for_package(self.aot_package)
         status = status or self.status(platform, pb, s)
         if status.note and status.state != PREBUILT:  # a prebuilt binary was passed over: say why
             warn_once(f"{self.name}: {status.note}; using the JIT cache or building it")
@@ -293,7 +296,7 @@ class CompiledExtension(Extension):
             torch.ops.load_library(path)
         return LoadedKernel(self.name, self.kind, self.backend, origin, path, getattr(torch.ops, self.namespace))
 
-    def build_aot(self, package: str = "opforge._C"):
+    def build_aot(self, package: str | None = None):
         """A setuptools extension (torch's ``CppExtension``/``CUDAExtension``) for ``pip install``."""
         from torch.utils import cpp_extension
 
@@ -314,7 +317,7 @@ class CompiledExtension(Extension):
 
         runtime = flags_mod.runtime_ldflags(toolchain.find_cxx(s_mod.current()))
         return maker(
-            name=f"{package}.{self.name}",
+            name=f"{package or self.aot_package}.{self.name}",
             sources=[os.path.relpath(p, root) for p in self.source_paths()],
             include_dirs=[os.path.join(self.source_dir(), d) for d in self.include_dirs],
             extra_compile_args=args,

@@ -165,12 +165,16 @@ class KernelLoader:
 
         s = settings_mod.current()
         platform = platform or current(s)
-        prebuilt = prebuilt if prebuilt is not None else prebuilt_mod.read()
         exts = sorted(self.extensions(), key=lambda e: (-e.priority, e.name))
         statuses = {}
+        records: dict[str, prebuilt_mod.Prebuilt] = {}
         for ext in exts:
             if ext.serves(device) and ext.is_available(platform) and ext.check_compatible(platform):
-                status = statuses[ext.name] = ext.status(platform, prebuilt, s)
+                package = ext.aot_package
+                if package not in records:  # ``prebuilt`` stands for opforge's own; others read theirs
+                    given = prebuilt if package == prebuilt_mod.PACKAGE else None
+                    records[package] = given if given is not None else prebuilt_mod.for_package(package)
+                status = statuses[ext.name] = ext.status(platform, records[package], s)
                 if lazy and toolchain_decision(ext, platform, status):
                     break
         return select(exts, platform, statuses, device)
@@ -230,10 +234,39 @@ def _one_line(exc: BaseException) -> str:
     return f"{line} {first}" if first else line
 
 
+ENTRY_POINTS = "opforge.kernels"
+"""The entry point group through which other packages' kernels are found: each names a module
+that declares loaders and extensions when imported (``myops = "myops.kernels"``)."""
+_PLUGINS: list[str] = []
+_PLUGINS_LOCK = threading.RLock()  # a plugin that calls loaders() while imported gets the list so far
+
+
+def load_plugins() -> list[str]:
+    """Import every ``opforge.kernels`` entry point once per process; one that fails to import
+    is left out with a warning that says why. Returns the entry points imported."""
+    with _PLUGINS_LOCK:
+        if _PLUGINS:
+            return _PLUGINS[1:]
+        from importlib.metadata import entry_points
+
+        _PLUGINS.append("")  # the marker: done (also when an import below fails)
+        for ep in sorted(entry_points(group=ENTRY_POINTS), key=lambda e: e.name):
+            try:
+                ep.load()
+            except Exception as exc:  # noqa: BLE001 (a broken package must not break opforge: say so, go on)
+                warn_once(f"the {ENTRY_POINTS} entry point {ep.name!r} ({ep.value}) could not be imported, "
+                          f"so its kernels are left out: {type(exc).__name__}: {exc}")
+                continue
+            _PLUGINS.append(f"{ep.name} = {ep.value}")
+        return _PLUGINS[1:]
+
+
 def loaders() -> dict[str, type[KernelLoader]]:
-    """Every kernel kind with its loader: opforge's own, and any imported so far."""
+    """Every kernel kind with its loader: opforge's own, those of the packages that declare an
+    ``opforge.kernels`` entry point, and any imported so far."""
     from . import kernel_loader  # noqa: F401  (registers opforge's kernel families)
 
+    load_plugins()
     with _REGISTRY_LOCK:
         return dict(sorted(_LOADERS.items()))
 

@@ -19,6 +19,7 @@ Schema of ``build_info.json`` (``format`` 1)::
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from dataclasses import dataclass, field
@@ -26,6 +27,9 @@ from dataclasses import dataclass, field
 from .decision import Accepted, Decision, Rejected
 
 FORMAT = 1
+PACKAGE = "opforge._C"
+"""Where opforge's own kernels are prebuilt; a downstream package's extensions name their own
+(``Extension.aot_package``, e.g. ``"mypkg._C"``)."""
 DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_C")
 INFO_FILE = "build_info.json"
 
@@ -113,3 +117,16 @@ def read(directory: str | None = None) -> Prebuilt:
     if not isinstance(info, dict) or info.get("format") != FORMAT or not isinstance(info.get("extensions"), dict):
         return Prebuilt(directory, {})
     return Prebuilt(directory, info)
+
+
+def for_package(package: str) -> Prebuilt:
+    """The prebuilt record of ``package`` (``opforge._C``, or a downstream ``mypkg._C``); an
+    empty one when the package has none (installed without AOT kernels, or no such package)."""
+    if package == PACKAGE:
+        return read()
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):  # its parent is not installed
+        spec = None
+    dirs = list(spec.submodule_search_locations or []) if spec is not None else []
+    return read(dirs[0]) if dirs else Prebuilt("", {})

@@ -179,6 +179,12 @@ def current(env: Mapping[str, str] | None = None) -> Settings:
     )
 
 
+def build_request(var: str, env: Mapping[str, str] | None = None) -> str:
+    """A package's AOT request at ``pip install``: ``OPFORGE_BUILD`` for opforge's kernels, the
+    variable a downstream package names (``MYPKG_BUILD``) for its own (``opforge.aot``)."""
+    return ((os.environ if env is None else env).get(var) or "").strip()
+
+
 def subprocess_env(**extra: str) -> dict[str, str]:
     """The environment for a compiler subprocess: this process's, plus ``extra``."""
     env = dict(os.environ)

@@ -23,23 +23,22 @@ import time
 from ..decision import Accepted, Decision, Rejected
 from ..errors import OpforgeError
 
-PACKAGE = "opforge._C"
 _OFF = ("", "0", "none", "no", "off")
 
 
-def torch_or_explain(request: str):
+def torch_or_explain(request: str, var: str = "OPFORGE_BUILD"):
     try:
         import torch
     except ImportError:
         raise OpforgeError(
-            f"OPFORGE_BUILD={request} builds kernels against torch, but torch can't be imported in this build "
+            f"{var}={request} builds kernels against torch, but torch can't be imported in this build "
             "environment. pip's build isolation hides the installed torch: install torch first, then run "
-            f"`OPFORGE_BUILD={request} pip install --no-build-isolation .` (or `pip wheel --no-build-isolation .`)."
+            f"`{var}={request} pip install --no-build-isolation .` (or `pip wheel --no-build-isolation .`)."
         ) from None
     return torch
 
 
-def parse_request(request: str, extensions: dict) -> list:
+def parse_request(request: str, extensions: dict, var: str = "OPFORGE_BUILD") -> list:
     """The extension classes ``OPFORGE_BUILD`` names: ``all``, or kinds and names, comma-separated.
 
     >>> class E:
@@ -69,7 +68,7 @@ def parse_request(request: str, extensions: dict) -> list:
         elif token in kinds:
             chosen.update({n: e for n, e in aot.items() if e.kind == token})
         else:
-            raise ValueError(f"OPFORGE_BUILD: unknown kernel kind or extension {token!r}. Known kinds: "
+            raise ValueError(f"{var}: unknown kernel kind or extension {token!r}. Known kinds: "
                              f"{', '.join(kinds)}; extensions: {', '.join(sorted(aot))}; or 'all'")
     return sorted(chosen.values(), key=lambda e: e.name)
 
@@ -91,32 +90,43 @@ def buildable(ext, machine: str, torch_cuda: str | None, has_nvcc: bool) -> Deci
 
 
 def setup_kwargs(request: str | None = None) -> dict:
-    """``ext_modules`` and ``cmdclass`` for ``setup()``, from ``OPFORGE_BUILD``."""
+    """``ext_modules`` and ``cmdclass`` for opforge's own ``setup()``, from ``OPFORGE_BUILD``."""
+    from .. import prebuilt
     from .. import settings as settings_mod
+    from ..loader import loaders
 
-    s = settings_mod.current()
-    request = s.aot_build if request is None else request
+    request = settings_mod.current().aot_build if request is None else request
     if request.strip().lower() in _OFF:
         return {}
-    torch = torch_or_explain(request)
-    from ..loader import loaders
+    torch_or_explain(request)
+    exts = {e.name: e for cls in loaders().values() for e in cls.extensions() if e.aot_package == prebuilt.PACKAGE}
+    return extension_kwargs(request, exts, "OPFORGE_BUILD", "opforge")
+
+
+def extension_kwargs(request: str, extensions: dict, var: str, who: str) -> dict:
+    """``ext_modules`` and ``cmdclass`` that build the ``extensions`` (name -> Extension) that
+    ``request`` names, each into its ``aot_package``; ``var`` is the variable the request came
+    from and ``who`` the package being installed (for the messages)."""
+    from .. import settings as settings_mod
     from . import toolchain
 
-    all_exts = {e.name: e for cls in loaders().values() for e in cls.extensions()}
-    wanted = parse_request(request, all_exts)
+    if request.strip().lower() in _OFF:
+        return {}
+    torch = torch_or_explain(request, var)
+    wanted = parse_request(request, extensions, var)
     machine = os.uname().machine
-    has_nvcc = toolchain.find_nvcc(s) is not None
+    has_nvcc = toolchain.find_nvcc(settings_mod.current()) is not None
     modules, skipped = [], []
     for ext in wanted:
         verdict = buildable(ext, machine, torch.version.cuda, has_nvcc)
         if verdict:
-            modules.append(ext.build_aot(PACKAGE))
+            modules.append(ext.build_aot())
         else:
             skipped.append(f"{ext.name} ({verdict.reason})")
-    print(f"opforge: OPFORGE_BUILD={request}: building {', '.join(m.name.split('.')[-1] for m in modules) or 'nothing'}")
+    print(f"{who}: {var}={request}: building {', '.join(m.name.split('.')[-1] for m in modules) or 'nothing'}")
     if skipped:
-        print(f"opforge: not built here: {'; '.join(skipped)}")
-    return {"ext_modules": modules, "cmdclass": {"build_ext": build_ext_class(all_exts)}}
+        print(f"{who}: not built here: {'; '.join(skipped)}")
+    return {"ext_modules": modules, "cmdclass": {"build_ext": build_ext_class(extensions)}}
 
 
 def build_ext_class(extensions: dict):

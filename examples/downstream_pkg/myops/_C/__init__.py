@@ -1,0 +1,1 @@
+"""Prebuilt kernels land here (MYOPS_BUILD=... at pip install), with build_info.json."""
