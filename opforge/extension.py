@@ -164,8 +164,13 @@ class Extension:
     def _load(self, platform, status: Status | None, verbose: bool) -> LoadedKernel:
         raise NotImplementedError
 
-    def build_aot(self, package: str | None = None):
-        raise OpforgeError(f"{self.name}: a {self.backend} extension has nothing to build ahead of time")
+    def prebuild_hint(self) -> str:
+        """How to have it prebuilt, for messages: opforge's ``OPFORGE_BUILD``, or the variable of
+        the package it belongs to (``opforge.aot.setup_extensions``)."""
+        top = self.aot_package.split(".")[0]
+        if top == "opforge":
+            return f"reinstall opforge with OPFORGE_BUILD={self.kind} to prebuild it"
+        return f"reinstall {top} with {self.kind} prebuilt (its own build variable, see {top}'s docs)"
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} ({self.kind}, {self.backend}, priority {self.priority})>"
@@ -273,7 +278,7 @@ class CompiledExtension(Extension):
                 warn_once(f"{self.name}: the prebuilt binary {path} can't be used ({exc}); using the JIT path")
         if not self.support_jit and status.state != CACHED:
             raise OpforgeError(f"{self.name} is built ahead of time only, and no prebuilt binary fits here: "
-                               f"reinstall opforge with OPFORGE_BUILD={self.kind}")
+                               f"{self.prebuild_hint()}")
         from .build import jit
         from .build.progress import Reporter
 
@@ -295,35 +300,6 @@ class CompiledExtension(Extension):
         if not loaded:
             torch.ops.load_library(path)
         return LoadedKernel(self.name, self.kind, self.backend, origin, path, getattr(torch.ops, self.namespace))
-
-    def build_aot(self, package: str | None = None):
-        """A setuptools extension (torch's ``CppExtension``/``CUDAExtension``) for ``pip install``."""
-        from torch.utils import cpp_extension
-
-        from .build.key import stable_abi_macro
-
-        root = os.getcwd()
-        cflags = self.compile_flags() + ([stable_abi_macro(self.stable_abi)] if self.stable_abi else [])
-        args = {"cxx": cflags}
-        maker = cpp_extension.CppExtension
-        if self.backend == "cuda":
-            args["nvcc"] = self.cuda_compile_flags()
-            if self.stable_abi:
-                args["nvcc"].append(stable_abi_macro(self.stable_abi))
-            maker = cpp_extension.CUDAExtension
-        args["cxx"].append("-g0")  # Python's CFLAGS carry -g: 4x the wheel for symbols nobody reads
-        from . import settings as s_mod
-        from .build import flags as flags_mod, toolchain
-
-        runtime = flags_mod.runtime_ldflags(toolchain.find_cxx(s_mod.current()))
-        return maker(
-            name=f"{package or self.aot_package}.{self.name}",
-            sources=[os.path.relpath(p, root) for p in self.source_paths()],
-            include_dirs=[os.path.join(self.source_dir(), d) for d in self.include_dirs],
-            extra_compile_args=args,
-            extra_link_args=self.link_flags() + runtime,
-            py_limited_api=bool(self.stable_abi),
-        )
 
 
 def _minor(version: str) -> tuple[int, int]:

@@ -52,7 +52,7 @@ def toolchain_decision(ext: Extension, platform, status: Status) -> Decision:
     """Can the extension be had in its current state: prebuilt, cached, or built here?"""
     if status.state in (PREBUILT, CACHED) or not ext.needs_compiler:
         return Accepted()
-    how = f"reinstall with OPFORGE_BUILD={ext.kind} to prebuild it"
+    how = ext.prebuild_hint()
     if not ext.support_jit:
         return Rejected(f"no prebuilt binary fits and it is not built just in time: {how}")
     if platform.cxx is None:

@@ -159,3 +159,15 @@ def test_a_broken_entry_point_is_left_out_with_a_warning(tmp_path):
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
     assert "entry point 'broken' (no_such_module_here) could not be imported" in out.stderr
     assert "ModuleNotFoundError" in out.stderr
+
+
+def test_messages_name_the_package_that_prebuilds_it():
+    from opforge import CppExtension
+    from opforge.kernel_loader import SelftestLoader
+
+    class Theirs(CppExtension):  # declared, not registered: the hint is all this checks
+        name, kind, aot_package = "theirs_cpp", "theirs", "myops._C"
+
+    assert Theirs().prebuild_hint() == "reinstall myops with theirs prebuilt (its own build variable, see myops's docs)"
+    ours = SelftestLoader().extensions()[0]
+    assert ours.prebuild_hint() == f"reinstall opforge with OPFORGE_BUILD={ours.kind} to prebuild it"

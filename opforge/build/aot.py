@@ -120,13 +120,42 @@ def extension_kwargs(request: str, extensions: dict, var: str, who: str) -> dict
     for ext in wanted:
         verdict = buildable(ext, machine, torch.version.cuda, has_nvcc)
         if verdict:
-            modules.append(ext.build_aot())
+            modules.append(setuptools_extension(ext))
         else:
             skipped.append(f"{ext.name} ({verdict.reason})")
     print(f"{who}: {var}={request}: building {', '.join(m.name.split('.')[-1] for m in modules) or 'nothing'}")
     if skipped:
         print(f"{who}: not built here: {'; '.join(skipped)}")
     return {"ext_modules": modules, "cmdclass": {"build_ext": build_ext_class(extensions)}}
+
+
+def setuptools_extension(ext):
+    """torch's ``CppExtension``/``CUDAExtension`` for a compiled extension, named into its
+    ``aot_package``, with the JIT's flags (plus the stable-ABI macro, and ``-g0``)."""
+    from torch.utils import cpp_extension
+
+    from .. import settings as settings_mod
+    from . import flags as flags_mod
+    from . import toolchain
+    from .key import stable_abi_macro
+
+    root = os.getcwd()
+    abi = [stable_abi_macro(ext.stable_abi)] if ext.stable_abi else []
+    # Python's CFLAGS carry -g: 4x the wheel for symbols nobody reads
+    args = {"cxx": ext.compile_flags() + abi + ["-g0"]}
+    maker = cpp_extension.CppExtension
+    if ext.backend == "cuda":
+        args["nvcc"] = ext.cuda_compile_flags() + abi
+        maker = cpp_extension.CUDAExtension
+    runtime = flags_mod.runtime_ldflags(toolchain.find_cxx(settings_mod.current()))
+    return maker(
+        name=f"{ext.aot_package}.{ext.name}",
+        sources=[os.path.relpath(p, root) for p in ext.source_paths()],
+        include_dirs=[os.path.join(ext.source_dir(), d) for d in ext.include_dirs],
+        extra_compile_args=args,
+        extra_link_args=ext.link_flags() + runtime,
+        py_limited_api=bool(ext.stable_abi),
+    )
 
 
 def build_ext_class(extensions: dict):

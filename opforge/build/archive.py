@@ -99,7 +99,7 @@ def fits(manifest: dict, here: Here) -> Decision:
     if stable and version_tuple(str(ours["version"])) < version_tuple(stable):
         return Rejected(f"built on the stable ABI of torch {stable}; this machine has torch {ours['version']}")
     if inputs.get("cpu_identity") and inputs["cpu_identity"] != here.cpu_identity:
-        return Rejected("tuned for its build host's CPU (-march=native or similar), and this CPU differs")
+        return Rejected("tuned for its build host's own CPU (native arch flags), and this CPU differs")
     env = dict(inputs.get("env") or [])
     if env.get("TORCH_CUDA_ARCH_LIST", "") != here.arch_list:
         return Rejected(f"built with TORCH_CUDA_ARCH_LIST={env.get('TORCH_CUDA_ARCH_LIST', '')!r}; "
