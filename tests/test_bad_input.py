@@ -1,7 +1,8 @@
 """Bad requests and broken environments: each gets an error that says what is wrong and how to fix it.
 
 Covers: invalid arguments (ValueError), a missing compiler / CUDA (ToolchainError), an
-unwritable cache root (CacheError) and a compiler error (BuildError).
+unwritable cache root (CacheError), a compiler error (BuildError) and a binary that builds but
+can't be loaded (ImportError, OSError).
 """
 
 from __future__ import annotations
@@ -225,3 +226,27 @@ def test_compiler_error(cache_dir, tmp_path):
     mod = opforge.load(name, [str(src)])
     assert mod.value() == 7
     assert len(_entries(cache_dir / name)) == 1
+
+
+# --------------------------------------------------------------------------- a binary that builds but can't be loaded
+
+
+def test_module_name_differs_from_load_name(cache_dir, make_pymod):
+    """The source defines PyInit_other_name, so a module loaded as another name has no init function."""
+    src = make_pymod("other_name", filename="misnamed_ext.cpp")
+    for _ in range(2):  # cold (built, then imported) and warm (imported from the cache) alike
+        with pytest.raises(ImportError, match=r"PyInit_misnamed_ext"):
+            opforge.load("misnamed_ext", [str(src)])
+    # It built: the binary is cached (a fixed source is a new key), and imported on every load.
+    assert len(_entries(cache_dir / "misnamed_ext")) == 1
+
+
+def test_undefined_symbol_in_a_plain_library(cache_dir, tmp_path):
+    src = tmp_path / "src" / "undefined_sym_lib.cpp"
+    src.parent.mkdir()
+    src.write_text("int opforge_helper_defined_nowhere();\n"
+                   'extern "C" int uses_helper() { return opforge_helper_defined_nowhere() + 1; }\n')
+    with pytest.raises(OSError, match="Could not load this library") as exc:
+        opforge.load("undefined_sym_lib", [str(src)], is_python_module=False)
+    assert "undefined symbol" in str(exc.value.__cause__)
+    assert "opforge_helper_defined_nowhere" in str(exc.value.__cause__)  # mangled: _Z30opforge_helper_...

@@ -484,3 +484,15 @@ def test_lock_timeout_names_the_holder(cache_dir, make_pymod):
     assert "OPFORGE_LOCK_TIMEOUT" in msg
     assert took < 30
     assert _entries(cache_dir / name) == []
+
+
+def test_lock_timeout_in_process(cache_dir, make_pymod, monkeypatch):
+    """The same timeout in this process (flock conflicts between two opens of the lock file)."""
+    name = "lock_timeout_inproc"
+    src = make_pymod(name, 4)
+    monkeypatch.setenv("OPFORGE_LOCK_TIMEOUT", "0.5")
+    with BuildLock(_lock_of(name, [src]), "the test", 5, lambda msg: None):
+        with pytest.raises(opforge.LockTimeoutError, match=f"held by pid {os.getpid()}.*OPFORGE_LOCK_TIMEOUT"):
+            opforge.load(name, [str(src)])
+    assert _entries(cache_dir / name) == []
+    assert opforge.load(name, [str(src)]).value() == 4  # released: the next load builds it

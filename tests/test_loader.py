@@ -223,6 +223,37 @@ def test_explicit_ext_name_that_is_rejected_says_why():
         Loader().load(ext_name=Never.name)
 
 
+def test_nothing_loadable_lists_each_implementation_and_why():
+    """No fallback left (no torch variant): one OpforgeError, a line per implementation."""
+    n = next(_ids)
+
+    class Loader(KernelLoader):
+        pass
+
+    Loader.kind = f"toy{n}"
+
+    class Never(TorchExtension):
+        name, kind, priority, module = f"toy{n}_never", Loader.kind, 9, "toy_reference"
+
+        def is_available(self, platform):
+            return Rejected("never available (the tests' always-reject variant)")
+
+    class Gone(TorchExtension):
+        name, kind, priority, module = f"toy{n}_gone", Loader.kind, 5, "opforge_test_no_such_module"
+
+    Loader.register_extension(Never)
+    Loader.register_extension(Gone)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(OpforgeError, match=f"no toy{n} implementation can be loaded here") as err:
+            Loader().load()
+    msg = str(err.value)
+    assert f"{Gone.name}: ModuleNotFoundError: No module named 'opforge_test_no_such_module'" in msg
+    assert f"{Never.name}: never available" in msg
+    fallbacks = [str(w.message) for w in caught if issubclass(w.category, opforge.KernelFallbackWarning)]
+    assert len(fallbacks) == 1 and Gone.name in fallbacks[0], fallbacks  # Gone's failure, before giving up
+
+
 # -- loading, fallback, strict ---------------------------------------------------------------
 
 
