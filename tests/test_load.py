@@ -222,3 +222,42 @@ def test_shared_precompiled_torch_header(shared_cache, monkeypatch, tmp_path):
         assert f"-include {pch_dir / 'torch_extension.h'}" in (build / "build.log").read_text()
         manifest = next(p for p in (shared_cache / f"pch_ext{i}").iterdir() if not p.name.startswith("."))
         assert ".pch" not in (manifest / "manifest.json").read_text()  # an accelerator, not a dependency
+
+
+@pytest.mark.parametrize("fn", ["load", "load_inline"])
+def test_signature_is_torchs_in_torchs_order(fn):
+    """A drop-in: torch's parameters, at torch's positions (a positional call binds alike), with
+    the same defaults; opforge may only add parameters after them."""
+    import inspect
+
+    from torch.utils import cpp_extension
+
+    theirs = inspect.signature(getattr(cpp_extension, fn)).parameters
+    ours = inspect.signature(getattr(opforge, fn)).parameters
+    assert list(ours)[:len(theirs)] == list(theirs), f"torch {torch.__version__}: {list(theirs)}"
+    for name, p in theirs.items():
+        assert ours[name].default == p.default, name
+
+
+def test_positional_call_binds_as_in_torch(cache_dir, tmp_path):
+    """torch's 6th parameter of load is extra_ldflags (after extra_sycl_cflags): a call that
+    passes it positionally gets the library linked."""
+    src = tmp_path / "uses_libm.cpp"
+    src.write_text('#include <cmath>\nextern "C" double f(double x) { return std::cbrt(x); }\n')
+    path = opforge.load("uses_libm", [str(src)], ["-O1"], None, None, ["-lm"], None, None, False, None, None, False)
+    assert os.path.exists(path)
+
+
+def test_sycl_arguments_say_they_are_not_built(cache_dir):
+    with pytest.raises(ValueError, match="not SYCL"):
+        opforge.load("s", ["a.cpp"], extra_sycl_cflags=["-O2"])
+    with pytest.raises(ValueError, match="not SYCL"):
+        opforge.load_inline("s", "int x;", sycl_sources="kernel")
+
+
+def test_load_inline_use_pch_precompiles_the_header(shared_cache, monkeypatch):
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(shared_cache))
+    monkeypatch.delenv("OPFORGE_PCH", raising=False)
+    mod = opforge.load_inline("pch_inline", "int seven() { return 7; }", functions=["seven"], use_pch=True)
+    assert mod.seven() == 7
+    assert any(p.is_dir() and not p.name.startswith(".") for p in (shared_cache / ".pch").iterdir())

@@ -13,6 +13,7 @@ Cold path::
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import socket
@@ -40,11 +41,13 @@ def load(
     sources,
     extra_cflags=None,
     extra_cuda_cflags=None,
+    extra_sycl_cflags=None,
     extra_ldflags=None,
     extra_include_paths=None,
     build_directory=None,
     verbose=False,
     with_cuda=None,
+    with_sycl=None,
     is_python_module=True,
     is_standalone=False,
     keep_intermediates=True,
@@ -59,9 +62,23 @@ def load(
 
     ``build_directory`` is where ninja runs (default: a persistent dir in the cache).
     ``keep_intermediates`` only matters to torch's HIP path and is accepted for compatibility.
+    The parameters are torch's, in torch's order (a positional call binds as it does there);
+    SYCL sources (Intel XPU) are not built: ``extra_sycl_cflags`` or ``with_sycl=True`` is an error.
     """
     del keep_intermediates
-    s = settings_mod.current()
+    check_no_sycl(name, extra_sycl_cflags, with_sycl)
+    return _load(settings_mod.current(), name, sources, extra_cflags, extra_cuda_cflags, extra_ldflags,
+                 extra_include_paths, build_directory, verbose, with_cuda, is_python_module, is_standalone)
+
+
+def check_no_sycl(name, extra_sycl_cflags=None, with_sycl=None, sycl_sources=None) -> None:
+    if extra_sycl_cflags or with_sycl or sycl_sources:
+        raise ValueError(f"extension {name!r}: opforge builds C++ and CUDA sources, not SYCL (Intel XPU); drop the "
+                         f"SYCL arguments, or build SYCL sources with torch.utils.cpp_extension")
+
+
+def _load(s: settings_mod.Settings, name, sources, extra_cflags, extra_cuda_cflags, extra_ldflags,
+          extra_include_paths, build_directory, verbose, with_cuda, is_python_module, is_standalone):
     spec = make_spec(s, name, sources, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths,
                      with_cuda, is_python_module, is_standalone)
     return load_spec(spec, s, build_directory, Reporter(bool(verbose) or s.verbose))
@@ -316,24 +333,33 @@ def load_inline(
     name,
     cpp_sources,
     cuda_sources=None,
+    sycl_sources=None,
     functions=None,
     extra_cflags=None,
     extra_cuda_cflags=None,
+    extra_sycl_cflags=None,
     extra_ldflags=None,
     extra_include_paths=None,
     build_directory=None,
     verbose=False,
     with_cuda=None,
+    with_sycl=None,
     is_python_module=True,
     with_pytorch_error_handling=True,
     keep_intermediates=True,
+    use_pch=False,
     no_implicit_headers=False,
 ):
     """Like ``torch.utils.cpp_extension.load_inline``: sources as strings, optional
     pybind11 bindings generated for ``functions``. The generated files live in a
-    content-addressed directory of the cache (or in ``build_directory``)."""
+    content-addressed directory of the cache (or in ``build_directory``). torch's parameters,
+    in torch's order; ``use_pch=True`` precompiles ``torch/extension.h`` as ``OPFORGE_PCH=1``
+    does (shared by every build that includes it first); SYCL sources are not built (an error)."""
     check_name(name)
+    check_no_sycl(name, extra_sycl_cflags, with_sycl, sycl_sources)
     s = settings_mod.current()
+    if use_pch and not s.pch:
+        s = dataclasses.replace(s, pch=True)
     cpp_list = [cpp_sources] if isinstance(cpp_sources, str) else list(cpp_sources or [])
     cuda_list = [cuda_sources] if isinstance(cuda_sources, str) else list(cuda_sources or [])
     if not cpp_list and not cuda_list:
@@ -374,8 +400,8 @@ def load_inline(
         path = os.path.join(src_dir, fname)
         _write_if_changed(path, text)
         paths.append(path)
-    return load(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths, build_directory,
-                verbose, with_cuda, is_python_module, False, keep_intermediates)
+    return _load(s, name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths, build_directory,
+                 verbose, with_cuda, is_python_module, False)
 
 
 def _write_if_changed(path: str, text: str) -> None:
