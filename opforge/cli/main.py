@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import build_cmd, cache_cmd, doctor_cmd, report_cmd
+from . import bench_cmd, build_cmd, cache_cmd, doctor_cmd, report_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor_cmd.add_parser(sub)
     build_cmd.add_parser(sub)
     cache_cmd.add_parser(sub)
+    bench_cmd.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,12 @@
+"""The benchmark of each kernel family, by kind: ``SUITES["bias_act"]`` is a :class:`Suite`."""
+
+from __future__ import annotations
+
+from .base import Suite
+from .bias_act import BiasActSuite
+from .block_sparse import BlockSparseSuite
+from .cpu_adam import CPUAdamSuite
+
+SUITES: dict[str, type[Suite]] = {s.kind: s for s in (CPUAdamSuite, BiasActSuite, BlockSparseSuite)}
+
+__all__ = ["SUITES", "Suite"]
