@@ -30,7 +30,8 @@ def report_json(capsys, *args) -> dict:
 def test_json_follows_the_documented_schema(cache_dir, capsys):
     data = report_json(capsys)
     assert data["schema"] == "opforge.report/1"
-    assert set(data) == {"schema", "opforge", "platform", "prebuilt", "kinds"}
+    assert set(data) == {"schema", "opforge", "platform", "prebuilt", "packages", "kinds"}
+    assert data["packages"] == []  # no other package's kernels installed here
     assert {"os", "machine", "cpu", "gpus", "gpu_probe", "cxx", "nvcc", "ninja", "torch_version", "torch_cuda",
             "torch_hip", "cxx11_abi", "python_tag", "triton"} <= set(data["platform"])
     assert isinstance(data["platform"]["cpu"]["features"], list)

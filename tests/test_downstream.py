@@ -132,6 +132,18 @@ def test_report_lists_the_package_kernels_through_its_entry_point(aot):
     assert kind["chosen"] == "myops_scale_add_cpp"
     states = {c["name"]: c["state"] for c in kind["candidates"]}
     assert states == {"myops_scale_add_cpp": "prebuilt", "myops_scale_add_torch": "ready"}
+    (pkg,) = report["packages"]  # the package's own prebuilt record, beside opforge's
+    assert pkg["package"] == "myops._C" and pkg["present"] and pkg["directory"].endswith(os.path.join("myops", "_C"))
+    assert [(e["name"], e["usable"]) for e in pkg["extensions"]] == [("myops_scale_add_cpp", True)]
+    text = run_in(py, tmp, code="", args=("-m", "opforge.cli", "report"), compiler=False)
+    assert "prebuilt kernels of myops._C" in text and "myops_scale_add_cpp" in text
+
+
+def test_report_says_a_plain_install_has_no_prebuilt_kernels(plain):
+    tmp, _, _, py = plain
+    report = json.loads(run_in(py, tmp, code="", args=("-m", "opforge.cli", "report", "--json"), compiler=False))
+    (pkg,) = report["packages"]
+    assert pkg["package"] == "myops._C" and not pkg["present"] and pkg["extensions"] == []
 
 
 def test_setup_extensions_refuses_extensions_left_in_opforges_package():

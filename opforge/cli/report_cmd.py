@@ -36,6 +36,11 @@ a removed or re-typed key gets a new version.
   - ``extensions`` (list of objects): ``name``, ``file``, ``kind``, ``backend``, ``isa``,
     ``stable_abi`` (str or null), ``usable`` (bool: ``Prebuilt.check`` accepts it under the
     running torch) and ``reason`` (str: why, or why not).
+* ``packages`` (list of objects, by name): the prebuilt record of each other package whose
+  kernels the listed kinds hold (``Extension.aot_package``, e.g. ``mypkg._C``, built at its
+  ``pip install`` by ``opforge.aot.setup_extensions``): ``package`` (str) and the keys of
+  ``prebuilt`` above; ``present`` is false when the package was installed without them (or is
+  not importable).
 * ``kinds`` (list of objects, sorted by kind), one per kernel kind:
 
   - ``kind`` (str); ``loader`` (str, ``module.Class``);
@@ -142,9 +147,11 @@ def collect(kinds=(), platform: Platform | None = None, prebuilt: prebuilt_mod.P
     prebuilt = prebuilt if prebuilt is not None else prebuilt_mod.read()
     all_loaders = loader_mod.loaders()
     out_kinds = []
+    packages: set[str] = set()
     for kind, cls in all_loaders.items():
         if kinds and kind not in kinds:
             continue
+        packages.update(e.aot_package for e in cls().extensions())
         cands = cls().candidates(platform, prebuilt)
         chosen = next((c.name for c in cands if c.chosen), None)
         by_device = {}
@@ -159,6 +166,8 @@ def collect(kinds=(), platform: Platform | None = None, prebuilt: prebuilt_mod.P
         "opforge": __version__,
         "platform": platform.to_json(),
         "prebuilt": prebuilt_json(prebuilt, platform),
+        "packages": [{"package": pkg, **prebuilt_json(prebuilt_mod.for_package(pkg), platform)}
+                     for pkg in sorted(packages - {prebuilt_mod.PACKAGE})],
         "kinds": out_kinds,
     }
 
@@ -250,6 +259,12 @@ def prebuilt_rows(pb: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def prebuilt_sections(data: dict) -> list[tuple[str, dict]]:
+    """("prebuilt kernels", opforge's record), then one per other package with kernels listed."""
+    return [("prebuilt kernels", data["prebuilt"])] + \
+        [(f"prebuilt kernels of {pb['package']}", pb) for pb in data.get("packages", [])]
+
+
 CANDIDATE_COLUMNS = ("", "name", "backend", "priority", "available", "compatible", "state", "detail")
 
 
@@ -287,10 +302,11 @@ def print_plain(data: dict, out=None) -> None:
     w("platform")
     for line in aligned([list(r) for r in platform_rows(data["platform"])]):
         w(line)
-    w()
-    w("prebuilt kernels")
-    for line in aligned([list(r) for r in prebuilt_rows(data["prebuilt"])]):
-        w(line)
+    for title, pb in prebuilt_sections(data):
+        w()
+        w(title)
+        for line in aligned([list(r) for r in prebuilt_rows(pb)]):
+            w(line)
 
 
 def print_rich(data: dict, console=None) -> None:
@@ -313,8 +329,8 @@ def print_rich(data: dict, console=None) -> None:
             style = "bold green" if c["chosen"] else ("dim" if not c["accepted"] else None)
             table.add_row(*cells, style=style)
         console.print(table)
-    for title, rows in (("platform", platform_rows(data["platform"])),
-                        ("prebuilt kernels", prebuilt_rows(data["prebuilt"]))):
+    for title, rows in [("platform", platform_rows(data["platform"]))] + \
+            [(t, prebuilt_rows(pb)) for t, pb in prebuilt_sections(data)]:
         table = Table(title=title, show_header=False, title_justify="left")
         table.add_column("fact", style="bold")
         table.add_column("value", overflow="fold")
