@@ -59,13 +59,17 @@ def read_holder(lock_path: str) -> Holder | None:
 
 
 class BuildLock:
-    """``with BuildLock(path, what, timeout, notify) as lock: ...``; ``lock.previous`` is a dead holder, if any."""
+    """``with BuildLock(path, what, timeout, notify) as lock: ...``; ``lock.previous`` is a dead holder, if any.
 
-    def __init__(self, path: str, what: str, timeout: float, notify: Callable[[str], None]):
+    ``record=False``: take the lock only to wait for its holder (a rank waiting for its builder),
+    writing no holder file and removing none, so nobody takes this process for a builder."""
+
+    def __init__(self, path: str, what: str, timeout: float, notify: Callable[[str], None], record: bool = True):
         self.path = path
         self.what = what
         self.timeout = timeout
         self.notify = notify
+        self.record = record
         self.previous: Holder | None = None
         self._lock = filelock.FileLock(path, mode=0o600, thread_local=False, fallback_to_soft=False)
 
@@ -75,6 +79,8 @@ class BuildLock:
             self._lock.acquire(timeout=0.2, poll_interval=0.01)
         except filelock.Timeout:
             self._wait(start)
+        if not self.record:
+            return self
         # We hold it. A holder file still here was left by a holder that died.
         self.previous = read_holder(self.path)
         me = Holder(os.getpid(), socket.gethostname(), time.time(), self.what)
@@ -114,8 +120,7 @@ class BuildLock:
                 continue
 
     def __exit__(self, *exc) -> None:
-        try:
-            os.unlink(self.path + ".holder")
-        except FileNotFoundError:
-            pass
+        if self.record:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path + ".holder")
         self._lock.release()

@@ -14,9 +14,11 @@ different times, for different kernels, or not at all, and a collective reached 
 some ranks hangs all of them. A waiting rank uses the filesystem only:
 
 1. the entry is published: load it;
-2. the build lock is held (by the builder, or anyone): block on it (``flock``, released by
-   the OS even when its holder is killed), then load what was published, or raise
-   ``BuildError`` when nothing was (the build failed, or its process died);
+2. the build lock is held by a builder (the builder, or anyone building: a holder writes its
+   ``.holder`` file under the lock): block on it (``flock``, released by the OS even when its
+   holder is killed), without writing a holder file of its own, then load what was published,
+   or raise ``BuildError`` when nothing was (the build failed, or its process died). Held with
+   no holder file is another waiting rank's probe (microseconds): poll on;
 3. nobody holds it: poll, and after ``OPFORGE_DIST_GRACE`` seconds (default 30) build it here,
    under the lock as usual. The builder may be late, or may never load this kernel.
 
@@ -155,7 +157,7 @@ def await_builder(find: Callable[[], T | None], lock_path: str, failed: str, wha
                   s: settings_mod.Settings, reporter) -> T | None:
     """Wait for ``r.builder`` to publish ``what`` (see the module doc). The entry, or None when this
     process should build it itself; BuildError when the builder gave up without publishing."""
-    from .lock import BuildLock
+    from .lock import BuildLock, read_holder
 
     deadline = time.monotonic() + s.dist_grace
     since = time.time() - s.dist_grace  # a failure older than that is not this job's
@@ -170,8 +172,10 @@ def await_builder(find: Callable[[], T | None], lock_path: str, failed: str, wha
             raise BuildError(f"{what}: its build failed on {failure.get('host')} (pid {failure.get('pid')}, "
                              f"{time.time() - failure['when']:.0f} s ago), so this rank does not retry it. "
                              f"The error was: {failure.get('error')}")
-        if lock_held(lock_path):
-            with BuildLock(lock_path, what, s.lock_timeout, reporter.notice):
+        if lock_held(lock_path) and read_holder(lock_path) is not None:
+            # A builder holds it (a holder file names it). Held with no holder file is another
+            # waiting rank's probe, for microseconds, or a builder about to write its file: look again.
+            with BuildLock(lock_path, what, s.lock_timeout, reporter.notice, record=False):
                 found = find()
             if found is not None:
                 return found
