@@ -147,6 +147,40 @@ def test_nvcc_with_nonexistent_cuda_home(tmp_path):
     assert toolchain.find_nvcc(s) is None
 
 
+def _fake_nvcc(tmp_path, release: str) -> str:
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir(exist_ok=True)
+    nvcc.write_text("#!/bin/sh\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\n"
+                    f"echo 'Cuda compilation tools, release {release}, V{release}.89'\n"
+                    f"echo 'Build cuda_{release}.r{release}/compiler.1_0'\n")
+    nvcc.chmod(0o755)
+    return str(nvcc)
+
+
+@pytest.mark.parametrize("release, fails", [("11.8", True), ("12.4", False)])
+def test_nvcc_of_another_cuda_major_than_torch_is_refused(cache_dir, tmp_path, monkeypatch, capfd, release, fails):
+    """As torch's JIT: another CUDA major than torch's is an error (before any compile), another
+    minor a notice. torch here is a CPU build: its facts are made to say CUDA 12.8."""
+    import dataclasses
+
+    facts = dataclasses.replace(toolchain.torch_facts(), cuda="12.8", hip=None)
+    monkeypatch.setattr(toolchain, "torch_facts", lambda: facts)
+    monkeypatch.setenv("PYTORCH_NVCC", _fake_nvcc(tmp_path, release))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    kernel = tmp_path / "kern.cu"
+    kernel.write_text("__global__ void k() {}\n")
+    if fails:
+        with pytest.raises(opforge.ToolchainError, match=r"is CUDA 11\.8, but torch was built with CUDA 12\.8.*"
+                                                         r"CUDA_HOME=/usr/local/cuda-12\.8"):
+            opforge.load("cuda_major_mismatch", [str(kernel)], is_python_module=False)
+    else:  # past the check, with a notice; then this CPU torch has no CUDA_HOME for the flags
+        with pytest.raises(opforge.OpforgeError) as exc:
+            opforge.load("cuda_minor_mismatch", [str(kernel)], is_python_module=False)
+        assert "but torch was built with" not in str(exc.value)
+        assert "nvcc is CUDA 12.4, torch was built with CUDA 12.8: a minor-version difference" in capfd.readouterr().err
+    assert _entries(cache_dir / "cuda_major_mismatch") == [] and _entries(cache_dir / "cuda_minor_mismatch") == []
+
+
 # --------------------------------------------------------------------------- cache root
 
 

@@ -22,7 +22,7 @@ import time
 from types import ModuleType
 
 from .. import settings as settings_mod
-from ..errors import BuildError
+from ..errors import BuildError, ToolchainError
 from . import cache, deps as deps_mod, ranks, toolchain
 from .cache import Entry, Layout
 from .key import BuildSpec, check_name, is_cuda_file, make_spec
@@ -201,6 +201,8 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
 
     cxx = toolchain.cxx(s)  # raises a ToolchainError that names CXX when there is no compiler
     nvcc = toolchain.nvcc(s) if spec.with_cuda else None  # likewise, naming CUDA_HOME
+    if nvcc is not None:  # another CUDA major than torch's: a ToolchainError, as torch's own JIT refuses it
+        toolchain.check_cuda(nvcc, spec.torch.cuda, reporter.notice)
     ninja = toolchain.ninja()
     name_dir = layout.name_dir(spec.name)
     cache.ensure_dir(layout.root, layout.root)
@@ -243,6 +245,8 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
             ranks.record_failure(failed, exc)
             raise
         except OSError as exc:  # writing the build files (a full disk, a read-only cache)
+            if exc.errno is None:  # not the filesystem: torch's helpers' own (e.g. "CUDA_HOME ... is not set")
+                raise ToolchainError(f"could not build {spec.name}: {exc}") from exc
             raise cache.write_error(f"build {spec.name}", build_dir, layout.root, exc) from exc
         try:
             os.unlink(failed)  # an earlier failure of these inputs is history now

@@ -12,6 +12,7 @@ Two speeds:
 from __future__ import annotations
 
 import functools
+import re
 import os
 import shlex
 import shutil
@@ -105,6 +106,60 @@ def nvcc(settings: Settings) -> Tool:
             "to it (e.g. CUDA_HOME=/usr/local/cuda), or drop the .cu sources."
         )
     return tool
+
+
+def cuda_mismatch(nvcc_release: tuple[int, ...], torch_cuda: str | None, nvcc_path: str = "nvcc") -> tuple[bool, str]:
+    """nvcc's CUDA against torch's, as torch's own JIT checks it: another major version is an
+    error (``True`` and the message: the binary would not load, or misbehave), another minor a
+    notice; ``(False, "")`` when they match or either is unknown. Pure.
+
+    >>> cuda_mismatch((11, 8), "12.8", "/usr/local/cuda-11.8/bin/nvcc")[0]
+    True
+    >>> cuda_mismatch((12, 4), "12.8")
+    (False, 'nvcc is CUDA 12.4, torch was built with CUDA 12.8: a minor-version difference, which torch accepts too')
+    >>> cuda_mismatch((13, 0), "13.0"), cuda_mismatch((), "12.8"), cuda_mismatch((12, 8), None)
+    ((False, ''), (False, ''), (False, ''))
+    """
+    if not torch_cuda or len(nvcc_release) < 2:
+        return False, ""
+    try:
+        torch_v = tuple(int(p) for p in torch_cuda.split(".")[:2])
+    except ValueError:
+        return False, ""
+    ours = f"{nvcc_release[0]}.{nvcc_release[1]}"
+    if nvcc_release[0] != torch_v[0]:
+        return True, (f"{nvcc_path} is CUDA {ours}, but torch was built with CUDA {torch_cuda}: a binary built "
+                      f"with it would not load (or not run) with this torch. Point CUDA_HOME at a CUDA "
+                      f"{torch_v[0]}.x toolkit (e.g. CUDA_HOME=/usr/local/cuda-{torch_cuda}), or install a torch "
+                      f"built for CUDA {nvcc_release[0]}")
+    if tuple(nvcc_release[:2]) != torch_v:
+        return False, (f"nvcc is CUDA {ours}, torch was built with CUDA {torch_cuda}: a minor-version difference, "
+                       f"which torch accepts too")
+    return False, ""
+
+
+@functools.lru_cache(maxsize=16)
+def nvcc_release(argv: tuple[str, ...], identity: str) -> tuple[int, ...]:
+    """nvcc's CUDA release, ``(13, 0)``, from ``--version`` (memoized per binary; ``()`` if unreadable)."""
+    del identity  # part of the memo key: a reinstalled toolkit is asked again
+    try:
+        line = probe_version(argv)
+    except ToolchainError:
+        return ()
+    m = re.search(r"release (\d+)\.(\d+)|cuda_(\d+)\.(\d+)", line)
+    if not m:
+        return ()
+    return tuple(int(g) for g in m.groups() if g is not None)
+
+
+def check_cuda(nvcc_tool: Tool, torch_cuda: str | None, notice) -> None:
+    """Raises ToolchainError on a CUDA major-version mismatch between nvcc and torch; a notice
+    on a minor one (cold path: one ``nvcc --version`` per toolkit and process)."""
+    bad, message = cuda_mismatch(nvcc_release(nvcc_tool.argv, nvcc_tool.identity), torch_cuda, nvcc_tool.path)
+    if bad:
+        raise ToolchainError(message)
+    if message:
+        notice(message)
 
 
 def ccache(settings: Settings) -> str | None:
