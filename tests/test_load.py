@@ -255,9 +255,9 @@ def test_sycl_arguments_say_they_are_not_built(cache_dir):
         opforge.load_inline("s", "int x;", sycl_sources="kernel")
 
 
-def test_load_inline_use_pch_precompiles_the_header(shared_cache, monkeypatch):
-    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(shared_cache))
+def test_load_inline_use_pch_precompiles_the_header(cache_dir, monkeypatch):
+    """Its own cache: the shared one's .pch holds exactly the header test_shared_precompiled_torch_header made."""
     monkeypatch.delenv("OPFORGE_PCH", raising=False)
     mod = opforge.load_inline("pch_inline", "int seven() { return 7; }", functions=["seven"], use_pch=True)
     assert mod.seven() == 7
-    assert any(p.is_dir() and not p.name.startswith(".") for p in (shared_cache / ".pch").iterdir())
+    assert any(p.is_dir() and not p.name.startswith(".") for p in (cache_dir / ".pch").iterdir())
