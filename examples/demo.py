@@ -21,6 +21,9 @@ The child imports torch and the loader's module (``torch.utils.cpp_extension`` o
 reference, and prints its timings as one JSON line on stdout. The parent first reads
 torch's headers once (so the first cold build does not pay for the disk), then prints a
 table. The cache directories live under one ``tempfile.mkdtemp`` removed at the end.
+
+Then the kernel loaders, CPUAdam, bias_act and BlockSparseLinear on this machine, and to
+close, ``opforge bench --quick``: every kernel family against its peers in one table each.
 """
 
 from __future__ import annotations
@@ -152,6 +155,16 @@ def main() -> None:
     cpu_adam_part(console, base)
     bias_act_part(console, base)
     block_sparse_part(console)
+    bench_part(console, base)
+
+
+def bench_part(console, base: dict[str, str]) -> None:
+    """Every family against its peers in one command: `opforge bench --quick` (docs/bench.md)."""
+    console.print("\n[bold]All the kernels against their peers[/bold]: `opforge bench --quick` "
+                  "(small sizes, a check; drop --quick for the figures, add --plot out.png for pictures)")
+    out = subprocess.run([sys.executable, "-m", "opforge.cli", "bench", "--quick"], env=base, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"opforge bench failed (exit {out.returncode}); its output is above")
 
 
 ADAM_CHILD = r"""
