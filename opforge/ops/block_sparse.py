@@ -166,8 +166,29 @@ def block_sparse_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | N
     check(x, w, bias, layout)
     out_features, in_features = layout.shape
     idx = layout.indices(x.device)
-    y = torch.ops.opforge.block_sparse_mm(x.reshape(-1, in_features), w, bias, *idx, out_features)
+    x2 = x.reshape(-1, in_features)
+    if _direct(x, w, bias):
+        y = _kernel(x).forward(x2.contiguous(), w.contiguous(), None if bias is None else bias.contiguous(),
+                               idx.rows, idx.cols, idx.row_ptr, out_features)
+    else:
+        y = torch.ops.opforge.block_sparse_mm(x2, w, bias, *idx, out_features)
     return y.view(*x.shape[:-1], out_features)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _direct(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether a call may go straight to the kernel: plain tensors, outside torch.compile, no
+    gradient to record (inference, ``torch.no_grad``). The custom op's Python dispatch costs tens
+    of microseconds a call, as much as a small matmul's kernel; it stays for autograd, fake and
+    subclassed tensors, and tracing, where the op is what they see."""
+    if type(x) not in _PLAIN or type(w) not in _PLAIN or (bias is not None and type(bias) not in _PLAIN):
+        return False
+    if torch.compiler.is_compiling():
+        return False
+    return not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
+                                             or (bias is not None and bias.requires_grad)))
 
 
 __all__ = ["block_sparse_linear", "check"]

@@ -97,7 +97,13 @@ def _bucket(t: int) -> int:
 
 
 def _l2_bytes(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).L2_cache_size
+    return _properties(device.index if device.index is not None else torch.cuda.current_device()).L2_cache_size
+
+
+@functools.lru_cache(maxsize=None)
+def _properties(index: int):
+    """The device's properties, read once (every call needs two of them; a lookup costs µs)."""
+    return torch.cuda.get_device_properties(index)
 
 
 def _l2_rows(device: torch.device, row_bytes: int) -> int:
@@ -154,7 +160,7 @@ def supported(t: torch.Tensor, bh: int, bw: int) -> bool:
 
 
 def _sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _properties(device.index if device.index is not None else torch.cuda.current_device()).multi_processor_count
 
 
 @functools.lru_cache(maxsize=None)
