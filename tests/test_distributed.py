@@ -187,6 +187,15 @@ def test_torchrun_four_ranks(tmp_path, counting_cxx, monkeypatch):
     assert rank_log.read_text().split() == ["0"]
 
 
+class _Quiet:
+    """A reporter that says nothing."""
+
+    def info(self, msg):
+        pass
+
+    notice = info
+
+
 def test_a_waiting_ranks_probe_is_not_taken_for_a_failed_build(tmp_path):
     """Waiting ranks probe the build lock (taking it for microseconds). A rank that found the lock
     held by such a probe used to wait on it, find nothing published and raise BuildError as if
@@ -209,18 +218,12 @@ def test_a_waiting_ranks_probe_is_not_taken_for_a_failed_build(tmp_path):
         time.sleep(0.3)
         published.set()
 
-    class Quiet:
-        def info(self, msg):
-            pass
-
-        notice = info
-
     t = threading.Thread(target=builder)
     t.start()
     s = settings_mod.current({"OPFORGE_DIST_GRACE": "20"})
     role = ranks.Role(False, "node", "local rank 0", "test")
     got = ranks.await_builder(lambda: "entry" if published.is_set() else None, lock_path, str(tmp_path / "failed"),
-                              "x", role, s, Quiet())
+                              "x", role, s, _Quiet())
     t.join()
     assert got == "entry"
     assert not os.path.exists(lock_path + ".holder")  # a waiter writes none
@@ -241,17 +244,11 @@ def test_a_waiter_still_reports_a_builder_that_died_without_publishing(tmp_path)
             held.set()
             time.sleep(0.3)
 
-    class Quiet:
-        def info(self, msg):
-            pass
-
-        notice = info
-
     t = threading.Thread(target=builder)
     t.start()
     held.wait()
     s = settings_mod.current({"OPFORGE_DIST_GRACE": "20"})
     with pytest.raises(BuildError, match="released the build lock without publishing"):
         ranks.await_builder(lambda: None, lock_path, str(tmp_path / "failed"), "x",
-                            ranks.Role(False, "node", "local rank 0", "test"), s, Quiet())
+                            ranks.Role(False, "node", "local rank 0", "test"), s, _Quiet())
     t.join()
