@@ -322,3 +322,31 @@ def test_published_runs_validate(name):
         doc = json.load(f)
     validate(doc)
     assert all(f["status"] != "failed" for f in doc["families"])
+
+
+def test_a_case_that_cannot_be_set_up_fails_the_family_not_the_run(monkeypatch):
+    from opforge.bench import runner
+    from opforge.bench.suites.base import Suite
+
+    x = torch.arange(8.0)
+
+    class Flaky(Suite):
+        kind = "flaky"
+
+        def __init__(self, device, options):
+            super().__init__(device, options)
+            self.variant = "flaky_torch"
+
+        def cases(self):
+            yield _case(lambda: x + x)
+            raise MemoryError("no room for the second case's inputs")
+
+    monkeypatch.setitem(runner.SUITES, "flaky", Flaky)
+    fam = runner.run_family("flaky", torch.device("cpu"), Options(), FAST)
+    assert fam.status == "failed" and len(fam.cases) == 1
+    assert "could not set up a case after 1: MemoryError: no room" in fam.reason
+    assert fam.failures == [f"flaky on cpu: {fam.reason}"]
+    from opforge.bench.report import Report
+    from opforge.platform import current
+
+    validate(json.loads(json.dumps(Report((fam,), current(), Options(), {"cpu": FAST}, 0.0, 1.0).to_json())))

@@ -104,7 +104,15 @@ def run_family(kind: str, device: torch.device, options: Options, plan: Plan,
         return FamilyResult(kind, device.type, "failed", f"could not load opforge's kernel: {one_line(exc)}")
     load_s = time.perf_counter() - t0
     results = []
-    for case in suite.cases():
+    cases = suite.cases()
+    while True:
+        try:
+            case = next(cases, None)
+        except Exception as exc:  # noqa: BLE001 - making a case's inputs failed (e.g. out of memory): reported
+            return FamilyResult(kind, device.type, "failed", f"could not set up a case after {len(results)}: "
+                                f"{one_line(exc)}", suite.variant, load_s, tuple(suite.missing()), tuple(results))
+        if case is None:
+            break
         if on_case:
             on_case(f"{kind} ({device.type}): {case.name}")
         results.append(run_case(case, device, plan))
