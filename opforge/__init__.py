@@ -21,7 +21,8 @@ from .errors import (  # noqa: E402
     ToolchainError,
     UnsafeCacheError,
 )
-from .build.jit import load, load_inline  # noqa: E402
+from .build.inline import load_inline  # noqa: E402
+from .build.jit import load  # noqa: E402
 from .decision import Accepted, Decision, Rejected  # noqa: E402
 from .extension import (  # noqa: E402
     CppExtension,

@@ -177,6 +177,7 @@ def test_nvcc_of_another_cuda_major_than_torch_is_refused(cache_dir, tmp_path, m
         with pytest.raises(opforge.OpforgeError) as exc:
             opforge.load("cuda_minor_mismatch", [str(kernel)], is_python_module=False)
         assert "but torch was built with" not in str(exc.value)
+        assert isinstance(exc.value, opforge.ToolchainError) and "CUDA_HOME" in str(exc.value)
         assert "nvcc is CUDA 12.4, torch was built with CUDA 12.8: a minor-version difference" in capfd.readouterr().err
     assert _entries(cache_dir / "cuda_major_mismatch") == [] and _entries(cache_dir / "cuda_minor_mismatch") == []
 

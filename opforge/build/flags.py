@@ -15,6 +15,7 @@ import re
 import sysconfig
 from dataclasses import dataclass
 
+from ..errors import ToolchainError
 from ..settings import Settings
 from .key import BuildSpec, stable_abi_macro
 from .toolchain import default_cxx_std, linker_flags
@@ -89,12 +90,22 @@ def torch_cxx_std(torch_version: str) -> str:
     return found[0] if found else default_cxx_std(torch_version)
 
 
+def _torch_paths(fn, device: str) -> list[str]:
+    """torch's include or library paths; its OSError when it knows no CUDA toolkit ("CUDA_HOME
+    environment variable is not set") is a ToolchainError, not a failed write of the cache."""
+    try:
+        return list(fn(device))
+    except OSError as exc:
+        raise ToolchainError(f"torch found no CUDA toolkit for its {device} paths ({exc}): set CUDA_HOME to the "
+                             "toolkit, e.g. CUDA_HOME=/usr/local/cuda") from exc
+
+
 def derive(spec: BuildSpec, settings: Settings) -> Flags:
     """All the flags of a build: torch's defaults plus the user's extras."""
     from torch.utils import cpp_extension
 
     device = "cuda" if spec.with_cuda else "cpu"
-    system_includes = list(cpp_extension.include_paths(device))
+    system_includes = _torch_paths(cpp_extension.include_paths, device)
     py_include = sysconfig.get_path("include", scheme="posix_prefix")
     if py_include and not spec.stable_abi:
         system_includes.append(py_include)
@@ -121,7 +132,7 @@ def derive(spec: BuildSpec, settings: Settings) -> Flags:
         if settings.cc:
             cuda_cflags = ["-ccbin", settings.cc, *cuda_cflags]
 
-    lib_dirs = list(cpp_extension.library_paths(device))  # torch's lib dir (+ CUDA's for device="cuda")
+    lib_dirs = _torch_paths(cpp_extension.library_paths, device)  # torch's lib dir (+ CUDA's for device="cuda")
     torch_lib = lib_dirs[0]
     ldflags = [] if spec.is_standalone else ["-shared"]
     ldflags += list(spec.extra_ldflags)

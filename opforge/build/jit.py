@@ -1,4 +1,5 @@
-"""``load()`` / ``load_inline()``: drop-ins for torch's, over a content-addressed cache.
+"""``load()``: a drop-in for torch's, over a content-addressed cache (``load_inline``, in
+``inline.py``, writes its strings to files and comes here).
 
 Warm path (no subprocess, no ninja, no compiler)::
 
@@ -13,7 +14,6 @@ Cold path::
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import socket
@@ -22,10 +22,10 @@ import time
 from types import ModuleType
 
 from .. import settings as settings_mod
-from ..errors import BuildError, ToolchainError
+from ..errors import BuildError
 from . import cache, deps as deps_mod, ranks, toolchain
 from .cache import Entry, Layout
-from .key import BuildSpec, check_name, is_cuda_file, make_spec
+from .key import BuildSpec, is_cuda_file, make_spec
 from .progress import Reporter
 
 # The cold path's modules (ninja, filelock, torch's cpp_extension) are imported when a
@@ -245,8 +245,6 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
             ranks.record_failure(failed, exc)
             raise
         except OSError as exc:  # writing the build files (a full disk, a read-only cache)
-            if exc.errno is None:  # not the filesystem: torch's helpers' own (e.g. "CUDA_HOME ... is not set")
-                raise ToolchainError(f"could not build {spec.name}: {exc}") from exc
             raise cache.write_error(f"build {spec.name}", build_dir, layout.root, exc) from exc
         try:
             os.unlink(failed)  # an earlier failure of these inputs is history now
@@ -331,93 +329,3 @@ def _compile_and_publish(layout: Layout, spec: BuildSpec, s: settings_mod.Settin
                           result.log)
     reporter.info(f"cached {spec.name} at {entry.path}")
     return entry
-
-
-def load_inline(
-    name,
-    cpp_sources,
-    cuda_sources=None,
-    sycl_sources=None,
-    functions=None,
-    extra_cflags=None,
-    extra_cuda_cflags=None,
-    extra_sycl_cflags=None,
-    extra_ldflags=None,
-    extra_include_paths=None,
-    build_directory=None,
-    verbose=False,
-    with_cuda=None,
-    with_sycl=None,
-    is_python_module=True,
-    with_pytorch_error_handling=True,
-    keep_intermediates=True,
-    use_pch=False,
-    no_implicit_headers=False,
-):
-    """Like ``torch.utils.cpp_extension.load_inline``: sources as strings, optional
-    pybind11 bindings generated for ``functions``. The generated files live in a
-    content-addressed directory of the cache (or in ``build_directory``). torch's parameters,
-    in torch's order; ``use_pch=True`` precompiles ``torch/extension.h`` as ``OPFORGE_PCH=1``
-    does (shared by every build that includes it first); SYCL sources are not built (an error)."""
-    check_name(name)
-    check_no_sycl(name, extra_sycl_cflags, with_sycl, sycl_sources)
-    s = settings_mod.current()
-    if use_pch and not s.pch:
-        s = dataclasses.replace(s, pch=True)
-    cpp_list = [cpp_sources] if isinstance(cpp_sources, str) else list(cpp_sources or [])
-    cuda_list = [cuda_sources] if isinstance(cuda_sources, str) else list(cuda_sources or [])
-    if not cpp_list and not cuda_list:
-        raise ValueError(f"extension {name!r}: cpp_sources is empty; pass the C++ source text")
-    if not no_implicit_headers:
-        cpp_list.insert(0, "#include <torch/extension.h>")
-    if functions is not None:
-        if isinstance(functions, str):
-            functions = [functions]
-        if isinstance(functions, (list, tuple)):
-            functions = {f: f for f in functions}
-        if not isinstance(functions, dict):
-            raise ValueError(f"'functions' must be a list or dict of function names, not {type(functions).__name__}")
-        defs = ["PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {"]
-        for fn, doc in functions.items():
-            wrapped = f"torch::wrap_pybind_function({fn})" if with_pytorch_error_handling else fn
-            defs.append(f'm.def("{fn}", {wrapped}, "{doc}");')
-        defs.append("}")
-        cpp_list += defs
-    files = {"main.cpp": "\n".join(cpp_list)}
-    if cuda_list:
-        if not no_implicit_headers:
-            cuda_list[:0] = ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"]
-        files["cuda.cu"] = "\n".join(cuda_list)
-
-    if build_directory:
-        src_dir = os.path.abspath(build_directory)
-    else:
-        from .key import digest
-
-        layout = Layout(s.cache_dir)
-        cache.ensure_dir(layout.root, layout.root)
-        cache.ensure_dir(layout.name_dir(name), layout.root)
-        src_dir = os.path.join(layout.name_dir(name), ".src-" + digest(files)[:16])
-    os.makedirs(src_dir, mode=0o700, exist_ok=True)
-    paths = []
-    for fname, text in files.items():
-        path = os.path.join(src_dir, fname)
-        _write_if_changed(path, text)
-        paths.append(path)
-    return _load(s, name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths, build_directory,
-                 verbose, with_cuda, is_python_module, False)
-
-
-def _write_if_changed(path: str, text: str) -> None:
-    """Atomically write ``text`` unless the file already holds it (keeps mtimes, so no rebuild)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            if f.read() == text:
-                return
-    except FileNotFoundError:
-        pass
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
