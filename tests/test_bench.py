@@ -235,7 +235,7 @@ def test_plot_with_nothing_to_draw_says_so(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["nosuch"], "unknown kernel family: nosuch; opforge bench knows: cpu_adam, bias_act, block_sparse"),
+    (["nosuch"], "unknown kernel kind: nosuch; the kinds are: bias_act, block_sparse, cpu_adam"),
     (["--plot", "out.svg"], "give a file name ending in .png"),
     (["--json", "/nonexistent-dir/x.json"], "/nonexistent-dir does not exist"),
     (["--repeats", "0"], "give at least 1"),

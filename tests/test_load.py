@@ -239,15 +239,6 @@ def test_signature_is_torchs_in_torchs_order(fn):
         assert ours[name].default == p.default, name
 
 
-def test_positional_call_binds_as_in_torch(cache_dir, tmp_path):
-    """torch's 6th parameter of load is extra_ldflags (after extra_sycl_cflags): a call that
-    passes it positionally gets the library linked."""
-    src = tmp_path / "uses_libm.cpp"
-    src.write_text('#include <cmath>\nextern "C" double f(double x) { return std::cbrt(x); }\n')
-    path = opforge.load("uses_libm", [str(src)], ["-O1"], None, None, ["-lm"], None, None, False, None, None, False)
-    assert os.path.exists(path)
-
-
 def test_sycl_arguments_say_they_are_not_built(cache_dir):
     with pytest.raises(ValueError, match="not SYCL"):
         opforge.load("s", ["a.cpp"], extra_sycl_cflags=["-O2"])

@@ -1,9 +1,8 @@
 """What a benchmark is made of (cases of implementations) and what it yields (rows of timings).
 
 A family's suite (``suites/``) yields :class:`Case` objects: one operation at one size, with
-the implementations that compute it (opforge's and its peers'), the one the ratios are taken
-against (``baseline``) and the one opforge's results are checked against (``reference``). The
-runner turns each into a :class:`CaseResult`.
+the implementations that compute it (opforge's and its peers') and the one the ratios are
+taken and opforge's results checked against (``baseline``). The runner turns each into a :class:`CaseResult`.
 """
 
 from __future__ import annotations
@@ -55,8 +54,9 @@ class Missing:
 @dataclass(frozen=True)
 class Case:
     """One operation at one size. ``params`` are JSON scalars (shape, dtype, density...) that
-    the plots and readers select on; ``tol``: the largest relative error (``||out - ref|| /
-    ||ref||``) an opforge output may have against the reference's."""
+    the plots and readers select on; ``baseline``: the implementation the ratios are taken
+    against and opforge's outputs checked against; ``tol``: the largest relative error
+    (``||out - ref|| / ||ref||``) an opforge output may have against the baseline's."""
 
     op: str
     label: str
@@ -64,21 +64,15 @@ class Case:
     impls: tuple[Impl, ...]
     baseline: str
     tol: float
-    reference: str = ""
-    """Default: the baseline."""
 
     @property
     def name(self) -> str:
         return f"{self.op} {self.label}"
 
-    @property
-    def reference_name(self) -> str:
-        return self.reference or self.baseline
-
 
 @dataclass(frozen=True)
 class Check:
-    """An opforge output against the reference's."""
+    """An opforge output against the baseline's."""
 
     ok: bool
     rel_err: float

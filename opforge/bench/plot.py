@@ -126,7 +126,7 @@ def draw_density(ax, fam: dict) -> None:
 def machine_line(doc: dict) -> str:
     p = doc["platform"]
     cpu = f"{p['cpu'].get('vendor', '')} {p['cpu']['microarch']}, {doc['options']['threads']} threads"
-    gpus = doc.get("gpu_names") or []
+    gpus = [g["name"] for g in p.get("gpus", [])]
     where = cpu + (f"; {gpus[0]}" if gpus else "")
     return f"opforge bench{' --quick' if doc['options']['quick'] else ''}: {where}; torch " \
            f"{p['torch_version']}; {doc['created'][:16].replace('T', ' ')}"

@@ -1,7 +1,7 @@
 """Runs the suites: each family on each device, each case checked, then timed.
 
 A case's implementations are each called once first (the untimed first call: a compile, a
-lazy load), and opforge's outputs are compared with the reference's before anything is
+lazy load), and opforge's outputs are compared with the baseline's before anything is
 timed. An implementation that raises is reported with its error and left out of the
 timing; for a peer that is the end of it (a peer may not run everywhere), for opforge it is
 a failure (``FamilyResult.failures``, and ``opforge bench`` exits non-zero).
@@ -72,12 +72,12 @@ def run_case(case: Case, device: torch.device, plan: Plan) -> CaseResult:
             outputs[impl.name] = snapshot(impl.output() if impl.output else out)
         except Exception as exc:  # noqa: BLE001 - reported in the row; a peer may not run here
             errors[impl.name] = one_line(exc)
-    ref = outputs.get(case.reference_name)
+    ref = outputs.get(case.baseline)
     checks = {}
     for impl in case.impls:
         if impl.role == OPFORGE and impl.name in outputs and ref is not None:
             err = rel_err(outputs[impl.name], ref)
-            checks[impl.name] = Check(err <= case.tol, err, case.tol, case.reference_name)
+            checks[impl.name] = Check(err <= case.tol, err, case.tol, case.baseline)
     del outputs, ref
     live = {i.name: i.call for i in case.impls if i.name not in errors}
     timings = measure(live, device, plan) if live else {}

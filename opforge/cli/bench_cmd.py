@@ -48,9 +48,9 @@ def _output_error(path: str | None, flag: str) -> str | None:
 
 def argument_error(args) -> str | None:
     """What is wrong with the arguments (checked before anything runs), or None."""
-    from ..bench.report import unknown_kinds
+    from .report_cmd import unknown_kinds
 
-    bad = unknown_kinds(args.kinds)
+    bad = unknown_kinds(args.kinds, SUITES)
     if bad:
         return bad
     if args.repeats is not None and args.repeats < 1:
