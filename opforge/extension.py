@@ -298,7 +298,9 @@ class CompiledExtension(Extension):
         import torch
 
         if not loaded:
-            torch.ops.load_library(path)
+            from .build import importer
+
+            importer.load_library(self.name, path, self.source_paths())
         return LoadedKernel(self.name, self.kind, self.backend, origin, path, getattr(torch.ops, self.namespace))
 
 

@@ -252,3 +252,125 @@ def test_load_inline_use_pch_precompiles_the_header(cache_dir, monkeypatch):
     mod = opforge.load_inline("pch_inline", "int seven() { return 7; }", functions=["seven"], use_pch=True)
     assert mod.seven() == 7
     assert any(p.is_dir() and not p.name.startswith(".") for p in (cache_dir / ".pch").iterdir())
+
+
+# -- the ninja binary: the PyPI package's, or one on PATH with no `ninja` module importable ---------
+
+NO_NINJA_MODULE = "import sys; sys.modules['ninja'] = None  # `import ninja` fails, as with an OS ninja only\n"
+
+
+def _path_ninja_env(tmp_path, cache_dir):
+    """PATH led by a dir holding only a `ninja` binary (the PyPI package's, linked there), as an
+    OS package or conda would put one."""
+    import ninja as ninja_pkg
+
+    bindir = tmp_path / "osbin"
+    bindir.mkdir()
+    (bindir / "ninja").symlink_to(os.path.join(ninja_pkg.BIN_DIR, "ninja"))
+    return {"OPFORGE_CACHE_DIR": str(cache_dir), "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+
+
+@pytest.mark.parametrize("layout", ["pypi_package", "path_only"])
+def test_builds_with_either_ninja_layout(cache_dir, make_pymod, tmp_path, layout):
+    src = make_pymod("ninja_layout_mod", 21)
+    env = _path_ninja_env(tmp_path, cache_dir) if layout == "path_only" else {"OPFORGE_CACHE_DIR": str(cache_dir)}
+    code = (NO_NINJA_MODULE if layout == "path_only" else "") + textwrap.dedent(f"""
+        from opforge.build import toolchain
+        import opforge
+        print(toolchain.ninja())
+        print(opforge.load("ninja_layout_mod", [{str(src)!r}]).value())
+    """)
+    out = run_python(code, env=env)
+    assert out.returncode == 0, out.stderr
+    ninja_path, value = out.stdout.split()
+    assert value == "21"
+    assert (ninja_path == str(tmp_path / "osbin" / "ninja")) == (layout == "path_only")
+
+
+def test_doctor_passes_with_a_path_ninja_and_no_ninja_module(cache_dir, tmp_path):
+    code = NO_NINJA_MODULE + "from opforge.cli.main import main\nraise SystemExit(main(['doctor', '--json']))\n"
+    out = run_python(code, env=_path_ninja_env(tmp_path, cache_dir))
+    assert out.returncode == 0, out.stdout + out.stderr
+    checks = {c["name"]: c for c in json.loads(out.stdout)["checks"]}
+    assert checks["ninja"]["status"] == "ok" and checks["trial build"]["status"] == "ok", checks
+
+
+def test_no_ninja_anywhere_is_a_toolchain_error_naming_the_fix(cache_dir, make_pymod, tmp_path):
+    src = make_pymod("no_ninja_mod", 1)
+    import shutil
+
+    bindir = tmp_path / "bin"  # a compiler, and no ninja
+    bindir.mkdir()
+    gxx = os.path.realpath(shutil.which("g++"))
+    (bindir / "g++").symlink_to(gxx)
+    code = NO_NINJA_MODULE + textwrap.dedent(f"""
+        import opforge
+        try:
+            opforge.load("no_ninja_mod", [{str(src)!r}])
+        except opforge.ToolchainError as exc:
+            print("ToolchainError:", exc)
+    """)
+    out = run_python(code, env={"OPFORGE_CACHE_DIR": str(cache_dir), "PATH": str(bindir), "CXX": gxx})
+    assert out.returncode == 0, out.stderr
+    assert "ToolchainError: ninja is required" in out.stdout and "pip install ninja" in out.stdout
+
+
+# -- a second load() in one process after an edit: the new build, as torch's load() gives -----------
+
+PYBIND_MOD = '#include <pybind11/pybind11.h>\nint v() {{ return {v}; }}\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{ m.def("v", &v); }}\n'
+STABLE_LIB = """#include <torch/csrc/stable/library.h>
+#include <cstdint>
+int64_t version_() {{ return {v}; }}
+{define}
+STABLE_TORCH_LIBRARY_IMPL({ns}, CompositeExplicitAutograd, m) {{ m.impl("version", TORCH_BOX(&version_)); }}
+"""
+
+
+def test_edited_pybind11_module_reloads_as_the_new_build(cache_dir, tmp_path):
+    # pybind11 >= 3 hands back the module it made for a spec name: importing the new binary
+    # under the old name returned the old module (m2.v() == 1, m1 is m2).
+    src = tmp_path / "edit_ext.cpp"
+    src.write_text(PYBIND_MOD.format(v=1))
+    m1 = opforge.load("edit_ext", [str(src)])
+    src.write_text(PYBIND_MOD.format(v=2))
+    m2 = opforge.load("edit_ext", [str(src)])
+    assert (m1.v(), m2.v()) == (1, 2) and m1 is not m2
+    assert m1.__name__ == "edit_ext" and m2.__name__ == "edit_ext_v1.edit_ext"
+    src.write_text(PYBIND_MOD.format(v=1))
+    assert opforge.load("edit_ext", [str(src)]) is m1  # the first build again: the module made from it
+
+
+def test_load_inline_with_other_source_text_gives_the_new_module(cache_dir):
+    make = lambda v: opforge.load_inline("inline_edit", PYBIND_MOD.format(v=v), no_implicit_headers=True)  # noqa: E731
+    first, second = make(1), make(2)
+    assert (first.v(), second.v()) == (1, 2)
+    assert make(2) is second
+
+
+def test_rebuilt_library_that_defines_ops_is_refused_not_loaded(cache_dir, tmp_path):
+    # Loading it would abort the process: the dispatcher throws from a static initialiser
+    # ("Only a single TORCH_LIBRARY can be used to register the namespace").
+    src = tmp_path / "edit_lib.cpp"
+    define = 'STABLE_TORCH_LIBRARY(opforge_test_edit_lib, m) { m.def("version() -> int"); }'
+    src.write_text(STABLE_LIB.format(v=1, define=define, ns="opforge_test_edit_lib"))
+    first = opforge.load("edit_lib", [str(src)], is_python_module=False)
+    assert torch.ops.opforge_test_edit_lib.version() == 1
+    src.write_text(STABLE_LIB.format(v=2, define=define, ns="opforge_test_edit_lib"))
+    with pytest.raises(opforge.OpforgeError, match=r"defines operators \(TORCH_LIBRARY\).*Restart Python"):
+        opforge.load("edit_lib", [str(src)], is_python_module=False)
+    assert torch.ops.opforge_test_edit_lib.version() == 1
+    assert len(entries(cache_dir, "edit_lib")) == 2 and first.startswith(str(cache_dir))  # both built and cached
+    code = f"import opforge, torch\nopforge.load('edit_lib', [{str(src)!r}], is_python_module=False)\n" \
+           "print(torch.ops.opforge_test_edit_lib.version())\n"
+    out = run_python(code, env={"OPFORGE_CACHE_DIR": str(cache_dir)})
+    assert out.stdout.strip() == "2", out.stderr  # a new process loads the new build
+
+
+def test_rebuilt_library_of_kernels_only_replaces_them(cache_dir, tmp_path):
+    lib = torch.library.Library("opforge_test_impl_only", "DEF")  # noqa: F841 (keeps the definition alive)
+    lib.define("version() -> int")
+    src = tmp_path / "impl_lib.cpp"
+    for v in (1, 2):
+        src.write_text(STABLE_LIB.format(v=v, define="", ns="opforge_test_impl_only"))
+        opforge.load("impl_lib", [str(src)], is_python_module=False)
+        assert torch.ops.opforge_test_impl_only.version() == v

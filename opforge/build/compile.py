@@ -16,12 +16,11 @@ import shlex
 import subprocess
 from dataclasses import dataclass
 
-from ninja.ninja_syntax import Writer, escape_path
-
 from ..errors import BuildError
 from .deps import parse_ninja_deps
 from .flags import Flags
 from .key import BuildSpec, is_cuda_file
+from .ninja_file import NinjaFile, escape_value
 from .progress import _Progress
 
 NINJA_FILE = "build.ninja"
@@ -66,8 +65,7 @@ def write_ninja(path: str, spec: BuildSpec, flags: Flags, cxx_argv: list[str], n
     """Write build.ninja (only when it changed, to keep ninja's state). Returns object -> source.
     Sources in ``pch_sources`` get ``-include pch_header`` (a precompiled header beside it)."""
     objects = object_names(spec.sources, spec.with_cuda)
-    lines = []
-    w = Writer(_Lines(lines), width=4096)
+    w = NinjaFile()
     w.variable("ninja_required_version", "1.3")
     w.variable("cxx", _quote(cxx_argv))
     w.variable("cflags", _quote(flags.cflags))
@@ -85,12 +83,14 @@ def write_ninja(path: str, spec: BuildSpec, flags: Flags, cxx_argv: list[str], n
     mapping = {}
     for src, obj in zip(spec.sources, objects):
         rule = "cuda_compile" if spec.with_cuda and is_cuda_file(src) else "compile"
-        extra = {"cflags": f"$cflags -include {shlex.quote(pch_header)}"} if pch_header and src in pch_sources else None
-        w.build(escape_path(obj), rule, escape_path(src), variables=extra)
+        extra = None
+        if pch_header and src in pch_sources:
+            extra = {"cflags": f"$cflags -include {escape_value(shlex.quote(pch_header))}"}
+        w.build(obj, rule, [src], variables=extra)
         mapping[obj] = src
-    w.build(escape_path(spec.binary_name), "link", [escape_path(o) for o in objects])
-    w.default(escape_path(spec.binary_name))
-    content = "\n".join(lines) + "\n"
+    w.build(spec.binary_name, "link", objects)
+    w.default(spec.binary_name)
+    content = w.text()
     try:
         with open(path, encoding="utf-8") as f:
             if f.read() == content:
@@ -101,19 +101,6 @@ def write_ninja(path: str, spec: BuildSpec, flags: Flags, cxx_argv: list[str], n
         f.write(content)
     os.replace(path + ".tmp", path)
     return mapping
-
-
-class _Lines:
-    """A file-like sink for ninja_syntax.Writer that collects lines."""
-
-    def __init__(self, lines: list[str]):
-        self.lines = lines
-        self._buf = ""
-
-    def write(self, text: str) -> None:
-        self._buf += text
-        *done, self._buf = self._buf.split("\n")
-        self.lines.extend(done)
 
 
 def invalidate_moved_objects(build_dir: str, source_digests: dict[str, str]) -> list[str]:

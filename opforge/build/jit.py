@@ -14,27 +14,19 @@ Cold path::
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
-import threading
 import time
-from types import ModuleType
 
 from .. import settings as settings_mod
 from ..errors import BuildError
-from . import cache, deps as deps_mod, ranks, toolchain
+from . import cache, deps as deps_mod, importer, ranks, toolchain
 from .cache import Entry, Layout
 from .key import BuildSpec, is_cuda_file, make_spec
 from .progress import Reporter
 
 # The cold path's modules (ninja, filelock, torch's cpp_extension) are imported when a
 # build starts, so that a warm load imports only what it needs.
-
-#: binary path -> what load() returned for it, so a second load() in a process is a dict hit.
-_LOADED: dict[str, object] = {}
-_LOADED_LOCK = threading.RLock()
-
 
 def load(
     name,
@@ -167,31 +159,20 @@ def _portable_candidates(layout: Layout, spec: BuildSpec) -> list[str]:
 def _import(entry: Entry, spec: BuildSpec, reporter: Reporter):
     """Load the entry's binary. None when it turns out to be corrupt (the caller rebuilds)."""
     path = entry.binary
-    with _LOADED_LOCK:
-        if path in _LOADED:
-            return _LOADED[path]
-        try:
-            if spec.is_standalone:
-                result: object = path
-            elif spec.is_python_module:
-                module_spec = importlib.util.spec_from_file_location(spec.name, path)
-                if module_spec is None or module_spec.loader is None:
-                    raise ImportError(f"cannot import {path}")
-                module: ModuleType = importlib.util.module_from_spec(module_spec)
-                module_spec.loader.exec_module(module)
-                result = module
-            else:
-                import torch
-
-                torch.ops.load_library(path)
-                result = path
-        except (ImportError, OSError):
-            if cache.binary_state(entry, full_hash=True) != "ok":
-                reporter.notice(f"cached binary {path} is corrupt or gone; rebuilding")
-                return None
-            raise
-        _LOADED[path] = result
-        return result
+    found = importer.loaded(path)
+    if found is not None:
+        return found
+    try:
+        if spec.is_standalone:
+            return path
+        if spec.is_python_module:
+            return importer.import_module(spec.name, path, reporter.info)
+        return importer.load_library(spec.name, path, spec.sources)
+    except (ImportError, OSError):
+        if cache.binary_state(entry, full_hash=True) != "ok":
+            reporter.notice(f"cached binary {path} is corrupt or gone; rebuilding")
+            return None
+        raise
 
 
 def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_directory: str | None,
