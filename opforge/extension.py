@@ -121,10 +121,23 @@ class Extension:
         from .build.key import check_name
 
         where = f"{cls.__module__}.{cls.__qualname__}"
+        if not cls.name:
+            raise TypeError(
+                f"{where} has no `name`: opforge reads an extension's declaration (name, priority, sources, "
+                "flags) from class attributes, before any instance exists, so attributes set in __init__ (as "
+                "ColossalAI's `self._name = ...` or `self.priority = ...`) are not seen. Declare them in the class "
+                f"body: `class {cls.__name__}(CppExtension): name = 'my_ext'; priority = 10` and drop __init__")
         try:
             check_name(cls.name)
         except ValueError as exc:
             raise TypeError(f"{where}: {exc}") from None
+        try:
+            inspect.signature(cls).bind()
+        except TypeError:
+            raise TypeError(f"{where}: opforge creates extensions with no arguments, but its __init__ needs some "
+                            f"({inspect.signature(cls)}); move what __init__ sets into class attributes") from None
+        except ValueError:  # no signature to read
+            pass
         if cls.backend not in BACKENDS:
             raise TypeError(f"{where}: backend {cls.backend!r} is not one of {', '.join(BACKENDS)}")
         if not cls.kind:

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from . import checks
 from . import prebuilt as prebuilt_mod
 from . import settings as settings_mod
 from .decision import Accepted, Decision, Rejected, first_rejection
@@ -75,8 +76,8 @@ def select(extensions: Sequence[Extension], platform, statuses: Mapping[str, Sta
     out: list[Candidate] = []
     chosen = False
     for ext in sorted(extensions, key=lambda e: (-e.priority, e.name)):
-        available = first_rejection([ext.serves(device), ext.is_available(platform)])
-        compatible = ext.check_compatible(platform)
+        available = first_rejection([ext.serves(device), checks.run(ext, checks.AVAILABLE, platform)])
+        compatible = checks.run(ext, checks.COMPATIBLE, platform)
         status = None
         if available and compatible:
             status = statuses.get(ext.name, Status(NEEDS_BUILD))
@@ -169,7 +170,8 @@ class KernelLoader:
         statuses = {}
         records: dict[str, prebuilt_mod.Prebuilt] = {}
         for ext in exts:
-            if ext.serves(device) and ext.is_available(platform) and ext.check_compatible(platform):
+            if ext.serves(device) and checks.run(ext, checks.AVAILABLE, platform) and \
+                    checks.run(ext, checks.COMPATIBLE, platform):
                 package = ext.aot_package
                 if package not in records:  # ``prebuilt`` stands for opforge's own; others read theirs
                     given = prebuilt if package == prebuilt_mod.PACKAGE else None
