@@ -28,12 +28,12 @@ from .extension import (  # noqa: E402
     CppExtension,
     CudaExtension,
     Extension,
-    KernelFallbackWarning,
     LoadedKernel,
     TorchExtension,
     TritonExtension,
 )
 from .loader import KernelLoader  # noqa: E402
+from .notices import KernelFallbackWarning  # noqa: E402
 
 __all__ = [
     "load",

@@ -31,7 +31,6 @@ import importlib
 import inspect
 import os
 import threading
-import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -39,6 +38,7 @@ from . import isa as isa_mod
 from . import settings as settings_mod
 from .decision import Accepted, Decision, Rejected
 from .errors import OpforgeError
+from .notices import KernelFallbackWarning, warn_once  # noqa: F401 (KernelFallbackWarning: re-exported)
 
 BACKENDS = ("cpp", "cuda", "triton", "torch")
 
@@ -48,10 +48,8 @@ CACHED = "cached"
 NEEDS_BUILD = "needs build"
 READY = "ready"
 """A Python backend (triton, torch): nothing to build."""
-
-
-class KernelFallbackWarning(UserWarning):
-    """An implementation could not be used, and the loader moved on to the next one."""
+FAILED = "failed"
+"""Its last build, from these same inputs, failed (``build/failures.py``): the loader skips it."""
 
 
 @dataclass(frozen=True)
@@ -82,12 +80,6 @@ class LoadedKernel:
 
 _LOADED: dict[str, LoadedKernel] = {}
 _LOADED_LOCK = threading.RLock()
-
-
-def warn_once(message: str, _seen: set = set()) -> None:  # noqa: B006 - the set is the memo
-    if message not in _seen:
-        _seen.add(message)
-        warnings.warn(message, KernelFallbackWarning, stacklevel=3)
 
 
 class Extension:
@@ -263,12 +255,21 @@ class CompiledExtension(Extension):
         from .build.cache import Layout
         from .build.progress import Reporter
 
+        from .build import failures
+
         s = settings or settings_mod.current()
+        layout = Layout(s.cache_dir)
         try:
-            entry = jit.find_entry(Layout(s.cache_dir), self.spec(s), Reporter(False))
+            spec = self.spec(s)
+            entry = jit.find_entry(layout, spec, Reporter(False))
         except OpforgeError as exc:  # e.g. an unsafe cache: the load will raise it; the report shows it
             return Status(NEEDS_BUILD, "; ".join(filter(None, [note, f"cache unusable: {exc}"])))
-        return Status(CACHED if entry is not None else NEEDS_BUILD, note)
+        if entry is not None:
+            return Status(CACHED, note)
+        failure = failures.read(failures.path_for(layout.name_dir(self.name), spec.input_key))
+        if failure is not None and failure.still_holds():
+            return Status(FAILED, "; ".join(filter(None, [note, failure.describe(self.name)])))
+        return Status(NEEDS_BUILD, note)
 
     def _load(self, platform, status: Status | None, verbose: bool) -> LoadedKernel:
         from . import prebuilt as prebuilt_mod

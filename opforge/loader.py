@@ -28,7 +28,8 @@ from . import prebuilt as prebuilt_mod
 from . import settings as settings_mod
 from .decision import Accepted, Decision, Rejected, first_rejection
 from .errors import OpforgeError
-from .extension import CACHED, NEEDS_BUILD, PREBUILT, Extension, LoadedKernel, Status, warn_once
+from .extension import CACHED, FAILED, NEEDS_BUILD, PREBUILT, Extension, LoadedKernel, Status
+from .notices import warn_once
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,8 @@ def toolchain_decision(ext: Extension, platform, status: Status) -> Decision:
     """Can the extension be had in its current state: prebuilt, cached, or built here?"""
     if status.state in (PREBUILT, CACHED) or not ext.needs_compiler:
         return Accepted()
+    if status.state == FAILED:
+        return Rejected(status.note)
     how = ext.prebuild_hint()
     if not ext.support_jit:
         return Rejected(f"no prebuilt binary fits and it is not built just in time: {how}")
@@ -213,7 +216,7 @@ class KernelLoader:
             if c is None:
                 break
             try:
-                return c.extension.load(platform, c.status, verbose)
+                kernel = c.extension.load(platform, c.status, verbose)
             except Exception as exc:  # a failed build or load: fall back to the next, unless strict
                 if strict:
                     raise
@@ -222,9 +225,51 @@ class KernelLoader:
                 tried.add(c.name)
                 warn_once(f"{c.name} could not be loaded ({reason}); falling back to the next {self.kind} implementation")
                 cands = self.candidates(platform, device=device)  # now decide every candidate, not just the first
+                continue
+            better = [x for x in passed_over(cands, c) if x.name not in tried]  # (a failure here was said already)
+            if better and settings_mod.current().fallback_notice:
+                warn_once(fallback_notice(self.kind, c, better))
+            return kernel
         rejected = [f"{c.name}: {c.decision.reason}" for c in cands if not c.decision]
         raise OpforgeError(f"no {self.kind} implementation can be loaded here:\n  "
                            + "\n  ".join(failures + rejected or ["(none is registered)"]))
+
+
+def passed_over(cands: Sequence[Candidate], chosen: Candidate) -> list[Candidate]:
+    """The candidates better than ``chosen`` whose hardware is here but that can't be had with this
+    software: no compiler, ninja or nvcc, a build that failed, a torch too old. Each is fixable, so
+    the user should hear of it. Pure."""
+    out = []
+    for c in cands:
+        if c is chosen:
+            break
+        if c.available and not c.compatible:
+            out.append(c)
+    return out
+
+
+def fallback_notice(kind: str, chosen: Candidate, better: Sequence[Candidate]) -> str:
+    """One line per reason, naming the candidates it kept out.
+
+    >>> from opforge.decision import Accepted, Rejected
+    >>> from opforge.extension import TorchExtension
+    >>> def cand(name, ok):
+    ...     ext = type(name, (TorchExtension,), {"name": name})()
+    ...     return Candidate(ext, Accepted() if ok else Rejected("no C++ compiler: install g++"), Accepted(),
+    ...                      Accepted() if ok else Rejected("no C++ compiler: install g++"), None, ok)
+    >>> print(fallback_notice("toy", cand("toy_torch", True), [cand("toy_avx2", False), cand("toy_scalar", False)]))
+    toy: using toy_torch (torch backend), not a better implementation that this machine's hardware can run:
+      toy_avx2, toy_scalar: no C++ compiler: install g++
+    Fix that to get the faster one, or set OPFORGE_FALLBACK_NOTICE=0 to silence this notice.
+    """
+    by_reason: dict[str, list[str]] = {}
+    for c in better:
+        by_reason.setdefault(c.compatible.reason, []).append(c.name)
+    lines = [f"{kind}: using {chosen.name} ({chosen.extension.backend} backend), not a better implementation that "
+             "this machine's hardware can run:"]
+    lines += [f"  {', '.join(names)}: {reason}" for reason, names in by_reason.items()]
+    lines.append("Fix that to get the faster one, or set OPFORGE_FALLBACK_NOTICE=0 to silence this notice.")
+    return "\n".join(lines)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -78,6 +78,10 @@ class Settings:
     """``CUDA_VISIBLE_DEVICES``: read to list GPUs without initialising CUDA (see ``platform.py``)."""
     cuda_device_order: str | None = None
     """``CUDA_DEVICE_ORDER``: how CUDA numbers GPUs (``PCI_BUS_ID`` matches NVML's order)."""
+    fallback_notice: bool = True
+    """``OPFORGE_FALLBACK_NOTICE``: ``0`` silences the notice a kernel loader gives once per kind when it
+    settles for a lower-priority implementation because better ones can't be had with this software
+    (no compiler, ninja or nvcc; a failed build; an old torch)."""
 
     def build_env(self) -> tuple[tuple[str, str], ...]:
         """The variables that change a binary, as (name, value) pairs for the build key."""
@@ -176,6 +180,7 @@ def current(env: Mapping[str, str] | None = None) -> Settings:
         local_rank=_rank(env, "LOCAL_RANK", "SLURM_LOCALID"),
         cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
         cuda_device_order=env.get("CUDA_DEVICE_ORDER"),
+        fallback_notice=(env.get("OPFORGE_FALLBACK_NOTICE") or "1").strip().lower() not in ("0", "false", "no", "off"),
     )
 
 

@@ -284,10 +284,12 @@ def test_strict_raises_the_build_error_with_its_excerpt(cache_dir):
 def test_torch_variant_when_nothing_else_works(cache_dir, monkeypatch):
     Loader, Cpp, Torch, *_ = toy_kind()
     monkeypatch.setenv("CXX", "/nonexistent/c++")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # rejected up front: no warning, no build attempt
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # rejected up front: no build attempt, one notice that says so
         k = Loader().load()
     assert (k.name, k.origin, k.backend) == (Torch.name, "python", "torch")
+    (notice,) = [str(w.message) for w in caught]
+    assert notice.startswith(f"{Loader.kind}: using {Torch.name} (torch backend)") and "no C++ compiler" in notice
     rejected = {c.name: c.decision.reason for c in Loader().candidates() if not c.decision}
     assert "no C++ compiler" in rejected[Cpp.name]
 

@@ -14,6 +14,8 @@ from opforge.extension import TorchExtension
 from opforge.loader import KernelLoader
 
 _ids = itertools.count()
+# A rejected better variant gives a fallback notice (tests/test_loader_notices.py tests that); not the point here.
+pytestmark = pytest.mark.filterwarnings("ignore::opforge.KernelFallbackWarning")
 
 
 def kind_with(*bodies):

@@ -182,7 +182,8 @@ def run_ninja(ninja: str, build_dir: str, spec: BuildSpec, objects: dict[str, st
     log_path = os.path.join(build_dir, LOG_FILE)
     digests = dict(zip(spec.sources, spec.source_digests))
     invalidate_moved_objects(build_dir, digests)
-    cmd = [ninja, "-v", "-j", str(max_jobs or default_jobs())]
+    # keepdepfile: a failed compile's depfile stays, for the failure's record (build/failures.py)
+    cmd = [ninja, "-v", "-d", "keepdepfile", "-j", str(max_jobs or default_jobs())]
     env = dict(env, NINJA_STATUS="[%f/%t] ")
     out_lines: list[str] = []
     with open(log_path, "w", encoding="utf-8") as log, \

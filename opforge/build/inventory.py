@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from ..errors import UnsafeCacheError
-from . import cache
+from . import cache, failures
 from .cache import Entry
 
 
@@ -136,8 +136,8 @@ def clean(root: str, name: str | None = None, older_than_days: float | None = No
                 removed.append(path)
             elif item.startswith(".src-") and os.path.isdir(path):
                 shutil.rmtree(path, ignore_errors=True)
-            elif item.startswith(".failed-"):  # build/ranks.py's word of a failed build
-                os.unlink(path)
+            elif item.startswith(failures.PREFIX):  # a remembered failed build: the next load tries again
+                failures.forget(path)
         cache.sweep_stale(ext_dir)  # .tmp-/.trash- of killed processes; fresh ones may be in use
     return removed
 

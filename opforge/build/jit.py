@@ -20,7 +20,7 @@ import time
 
 from .. import settings as settings_mod
 from ..errors import BuildError
-from . import cache, deps as deps_mod, importer, ranks, toolchain
+from . import cache, deps as deps_mod, failures, importer, ranks, toolchain
 from .cache import Entry, Layout
 from .key import BuildSpec, is_cuda_file, make_spec
 from .progress import Reporter
@@ -197,7 +197,7 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
         build_dir = layout.build_dir(spec.name, spec.config_key)
         lock_path = layout.lock_path(spec.name, spec.config_key)
     role = ranks.role(s)
-    failed = ranks.failure_path(name_dir, spec.input_key)
+    failed = failures.path_for(name_dir, spec.input_key)
     if not role.builds and not bad:
         entry = ranks.await_builder(lambda: find_entry(layout, spec, reporter), lock_path, failed, spec.name, role,
                                     s, reporter)
@@ -223,15 +223,20 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
         try:
             entry = _compile_and_publish(layout, spec, s, cxx, nvcc, ninja, build_dir, reporter)
         except BuildError as exc:
-            ranks.record_failure(failed, exc)
+            failures.record(failed, exc, _inputs_read(spec, s, build_dir, ninja))
             raise
         except OSError as exc:  # writing the build files (a full disk, a read-only cache)
             raise cache.write_error(f"build {spec.name}", build_dir, layout.root, exc) from exc
-        try:
-            os.unlink(failed)  # an earlier failure of these inputs is history now
-        except FileNotFoundError:
-            pass
+        failures.forget(failed)  # an earlier failure of these inputs is history now
         return entry
+
+
+def _inputs_read(spec: BuildSpec, s: settings_mod.Settings, build_dir: str, ninja: str) -> list:
+    """What a failed build read, outside what the key covers (see ``failures.inputs_of``)."""
+    from . import flags as flags_mod
+
+    system = flags_mod.system_prefixes(spec, toolchain.cuda_home(s) if spec.with_cuda else None)
+    return failures.inputs_of(spec.sources, spec.extra_include_paths, build_dir, ninja, system)
 
 
 def _clean_build_dir(build_dir: str, own: bool) -> None:

@@ -30,10 +30,7 @@ together, is :func:`opforge.distributed.build_once`, a collective by contract.
 from __future__ import annotations
 
 import contextvars
-import json
-import os
 import random
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -42,6 +39,7 @@ from typing import TypeVar
 
 from .. import settings as settings_mod
 from ..errors import BuildError
+from . import failures
 
 T = TypeVar("T")
 
@@ -129,30 +127,6 @@ def lock_held(lock_path: str) -> bool:
     return False
 
 
-def failure_path(name_dir: str, input_key: str) -> str:
-    return f"{name_dir}/.failed-{input_key[:16]}.json"
-
-
-def record_failure(path: str, exc: BaseException) -> None:
-    """Leave word that this build failed (read by ranks waiting for it; removed by a successful build)."""
-    tmp = f"{path}.{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"when": time.time(), "pid": os.getpid(), "host": socket.gethostname(), "error": str(exc)}, f)
-        os.replace(tmp, path)
-    except OSError:
-        pass  # best effort: without it a waiting rank builds (and fails) itself after the grace period
-
-
-def recent_failure(path: str, since: float) -> dict | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and data.get("when", 0) >= since else None
-
-
 def await_builder(find: Callable[[], T | None], lock_path: str, failed: str, what: str, r: Role,
                   s: settings_mod.Settings, reporter) -> T | None:
     """Wait for ``r.builder`` to publish ``what`` (see the module doc). The entry, or None when this
@@ -167,11 +141,11 @@ def await_builder(find: Callable[[], T | None], lock_path: str, failed: str, wha
         found = find()
         if found is not None:
             return found
-        failure = recent_failure(failed, since)
-        if failure is not None:
-            raise BuildError(f"{what}: its build failed on {failure.get('host')} (pid {failure.get('pid')}, "
-                             f"{time.time() - failure['when']:.0f} s ago), so this rank does not retry it. "
-                             f"The error was: {failure.get('error')}")
+        failure = failures.read(failed)
+        if failure is not None and failure.when >= since:
+            raise BuildError(f"{what}: its build failed on {failure.host} (pid {failure.pid}, "
+                             f"{time.time() - failure.when:.0f} s ago), so this rank does not retry it. "
+                             f"The error was: {failure.error}")
         if lock_held(lock_path) and read_holder(lock_path) is not None:
             # A builder holds it (a holder file names it). Held with no holder file is another
             # waiting rank's probe, for microseconds, or a builder about to write its file: look again.
@@ -179,8 +153,9 @@ def await_builder(find: Callable[[], T | None], lock_path: str, failed: str, wha
                 found = find()
             if found is not None:
                 return found
-            failure = recent_failure(failed, since)
-            raise BuildError(f"{what}: its build failed: {failure.get('error')}") if failure else BuildError(
+            failure = failures.read(failed)
+            raise BuildError(f"{what}: its build failed: {failure.error}") if failure and failure.when >= since \
+                else BuildError(
                 f"{what}: the process building it ({r.builder}, or a rank that took over) released the build "
                 "lock without publishing it: its build failed or it was killed. See that rank's output for "
                 "the compiler's errors; the next load() builds it again."

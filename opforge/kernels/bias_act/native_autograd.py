@@ -21,7 +21,8 @@ import threading
 
 import torch
 
-from ...extension import CppExtension, warn_once
+from ...extension import CppExtension
+from ...notices import warn_once
 from .activations import Activation
 from .compiled import INDEX, KERNEL_DTYPES, REF_CODE, Compiled
 from .layout import clamp_as_stored
