@@ -75,7 +75,16 @@ class LoadedKernel:
     def __getattr__(self, attr: str):
         if attr.startswith("__"):
             raise AttributeError(attr)
-        return getattr(self.ops, attr)
+        try:
+            return getattr(self.ops, attr)
+        except AttributeError:
+            if self.backend not in ("cpp", "cuda"):
+                raise
+            namespace = getattr(self.ops, "name", "?")
+            raise AttributeError(
+                f"{self.name} ({self.path}) registers no op {attr!r} in torch.ops.{namespace}: check that its "
+                f"TORCH_LIBRARY({namespace}, m) block defines it (the namespace is the extension's op_namespace or "
+                "name, passed to its sources as OPFORGE_NS)") from None
 
 
 _LOADED: dict[str, LoadedKernel] = {}
@@ -296,6 +305,8 @@ class CompiledExtension(Extension):
         from .build import jit
         from .build.progress import Reporter
 
+        if status.state != CACHED:
+            self._check_bindings()
         path = jit.load_spec(self.spec(s), s, None, Reporter(verbose or s.verbose))
         return self._open(path, CACHED if status.state == CACHED else "built", loaded=True)
 
@@ -306,7 +317,20 @@ class CompiledExtension(Extension):
         from .build.progress import Reporter
 
         s = settings or settings_mod.current()
+        self._check_bindings()
         return jit.ensure_built(self.spec(s), s, reporter or Reporter(verbose or s.verbose))
+
+    def bindings_decision(self) -> Decision:
+        """Do its sources register ops with torch (not only a Python module)? Read from the sources."""
+        from .build import bindings
+
+        return bindings.library_decision(self.name, self.namespace, self.source_paths(),
+                                         [os.path.join(self.source_dir(), d) for d in self.include_dirs])
+
+    def _check_bindings(self) -> None:
+        verdict = self.bindings_decision()
+        if not verdict:
+            raise OpforgeError(verdict.reason)
 
     def _open(self, path: str, origin: str, loaded: bool = False) -> LoadedKernel:
         import torch

@@ -92,6 +92,13 @@ def select(extensions: Sequence[Extension], platform, statuses: Mapping[str, Sta
     return out
 
 
+def _own_kernels_first(module: str) -> None:
+    """Before another package's loader or extension registers, opforge's own kernel families do, so a
+    clash of names is refused at the newcomer's registration, not later at ``import opforge.optim``."""
+    if module != "opforge" and not module.startswith("opforge."):
+        from . import kernel_loader  # noqa: F401  (registers opforge's kernel families)
+
+
 _LOADERS: dict[str, type[KernelLoader]] = {}
 _NAMES: dict[str, type[Extension]] = {}
 _REGISTRY_LOCK = threading.RLock()
@@ -111,10 +118,12 @@ class KernelLoader:
         cls._cache = {}
         cls._lock = threading.RLock()
         if cls.kind:
+            _own_kernels_first(cls.__module__)
             with _REGISTRY_LOCK:
                 other = _LOADERS.get(cls.kind)
                 if other is not None and other.__qualname__ != cls.__qualname__:
-                    raise TypeError(f"kernel kind {cls.kind!r} already has a loader: {other.__module__}.{other.__qualname__}")
+                    raise TypeError(f"kernel kind {cls.kind!r} already has a loader: {other.__module__}.{other.__qualname__}; "
+                                    "pick another kind, or register your extensions with that loader")
                 _LOADERS[cls.kind] = cls
 
     @classmethod
@@ -129,6 +138,7 @@ class KernelLoader:
             raise TypeError(f"{ext_cls.__qualname__} is of kind {ext_cls.kind!r}; register it with the "
                             f"loader of that kind, not {cls.__name__} ({cls.kind!r})")
         ext_cls.validate()
+        _own_kernels_first(ext_cls.__module__)
         with _REGISTRY_LOCK:
             other = _NAMES.get(ext_cls.name)
             if other is not None and other is not ext_cls:

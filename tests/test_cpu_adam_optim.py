@@ -328,3 +328,13 @@ def test_fuzz_against_torch_optim(data):
         ref.step()
     for p, q in zip(ours, theirs):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_deepspeeds_positional_order_is_named_not_a_tuple_comparison():
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    with pytest.raises(TypeError, match=r"DeepSpeedCPUAdam's \(model_params, lr, bias_correction, betas.*"
+                                        r"CPUAdam\(params, lr=1e-3, bias_correction=True, betas=\(0.9, 0.999\)"):
+        CPUAdam(params, 1e-3, True, (0.9, 0.999))
+    with pytest.raises(TypeError, match="betas must be a pair of floats"):
+        CPUAdam(params, betas=0.9)
+    CPUAdam(params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999))  # the keyword form works

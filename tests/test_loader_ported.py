@@ -114,3 +114,66 @@ def test_no_warning_for_plain_extensions():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         Loader().load()
+
+
+# -- a pybind11 source in a CppExtension; names that clash with opforge's own ----------------------
+
+
+def test_a_pybind11_source_in_a_cpp_extension_is_refused_before_building(cache_dir, tmp_path, counting_cxx):
+    from opforge import OpforgeError
+    from opforge.extension import CppExtension
+
+    src = tmp_path / "scale_add.cpp"
+    src.write_text('#include <torch/extension.h>\ntorch::Tensor scale_add(torch::Tensor x) { return x; }\n'
+                   'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("scale_add", &scale_add); }\n')
+    Loader, (last,) = kind_with()
+    cpp = Loader.register_extension(type("Pyb", (CppExtension,), {"name": f"{last.name}_pyb", "kind": Loader.kind,
+                                                                  "priority": 200, "sources": (str(src),)}))
+    with pytest.raises(OpforgeError, match=r"scale_add.cpp defines a Python module \(PYBIND11_MODULE\).*"
+                                           rf"TORCH_LIBRARY\({cpp.name}, m\).*opforge.load"):
+        Loader().load(strict=True)
+    assert counting_cxx.compiles() == []  # refused before a 30 s build, not after it
+    with pytest.warns(Warning, match="defines a Python module"):
+        assert Loader().load().name == last.name  # the loader falls back, saying why
+
+
+def test_a_missing_op_names_the_library_and_its_namespace(cache_dir):
+    from opforge.kernel_loader import SelftestLoader
+
+    kernel = SelftestLoader().load(ext_name="selftest_scalar")
+    with pytest.raises(AttributeError, match=r"selftest_scalar \(.*\) registers no op 'scale_add' in "
+                                             r"torch.ops.selftest_scalar: check that its TORCH_LIBRARY"):
+        kernel.scale_add
+
+
+def test_a_users_name_or_kind_that_clashes_with_opforges_is_refused_at_registration():
+    # A fresh process: the user's module registers before anything imports opforge's kernels.
+    from conftest import run_python
+
+    code = """
+import opforge
+from opforge import KernelLoader, TorchExtension
+try:
+    class MyLoader(KernelLoader):
+        kind = "cpu_adam"
+except TypeError as exc:
+    print("kind:", exc)
+class Mine(KernelLoader):
+    kind = "mine"
+class Clash(TorchExtension):
+    name, priority, module = "cpu_adam_avx2", 1, "toy_reference"
+try:
+    Mine.register_extension(Clash)
+except ValueError as exc:
+    print("name:", exc)
+from opforge.optim import CPUAdam  # opforge's own still import
+print("ok")
+"""
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("kind: kernel kind 'cpu_adam' already has a loader: "
+                               "opforge.kernels.cpu_adam.loader.CPUAdamLoader; pick another kind")
+    assert lines[1].startswith("name: an extension named 'cpu_adam_avx2' is already registered "
+                               "(opforge.kernels.cpu_adam.extensions.")
+    assert lines[2] == "ok"

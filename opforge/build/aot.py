@@ -119,6 +119,7 @@ def extension_kwargs(request: str, extensions: dict, var: str, who: str) -> dict
     modules, skipped = [], []
     for ext in wanted:
         verdict = buildable(ext, machine, torch.version.cuda, has_nvcc)
+        verdict = verdict and ext.bindings_decision()  # a pybind11 module would build, then offer no ops
         if verdict:
             modules.append(setuptools_extension(ext))
         else:

@@ -18,6 +18,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..decision import Accepted, Decision, Rejected
+
 _PYTHON_MODULE = re.compile(rb"\b(?:PYBIND11_MODULE|NB_MODULE)\s*\(|\bPyInit_\w+\s*\(")
 _DEFINES_OPS = re.compile(rb"\b(?:STABLE_)?TORCH_LIBRARY(?:_FRAGMENT)?\s*\(")
 _REGISTERS_OPS = re.compile(rb"\b(?:STABLE_)?TORCH_LIBRARY(?:_FRAGMENT|_IMPL)?\s*\(")
@@ -69,3 +71,23 @@ def headers_in(dirs: Iterable[str]) -> list[str]:
             continue
         out += [os.path.join(d, n) for n in names if n.endswith(HEADER_SUFFIXES)]
     return out
+
+
+def library_decision(name: str, namespace: str, sources: list[str], header_dirs: list[str]) -> Decision:
+    """Can these sources be an extension whose ops the loader finds in ``torch.ops.<namespace>``?
+    Rejected when a source defines a Python module and nothing (sources, or the headers beside
+    them and in ``header_dirs``) registers ops: the build would take its full time, and then
+    nothing would be found. Read before a build, never on the warm path."""
+    modules = [s for s in sources if scan([s]).python_module]
+    if not modules or scan(sources).registers_ops:
+        return Accepted()
+    dirs = [os.path.dirname(os.path.abspath(s)) for s in sources] + list(header_dirs)
+    if scan(headers_in(dirs)).registers_ops:
+        return Accepted()
+    return Rejected(
+        f"{name}: {os.path.basename(modules[0])} defines a Python module (PYBIND11_MODULE) and nothing registers "
+        f"ops with torch, but a compiled Extension's ops are found as torch.ops.{namespace}.<op>, so none would be "
+        f"after its build. Register them instead: TORCH_LIBRARY({namespace}, m) {{ m.def(\"f(Tensor x) -> Tensor\"); }} "
+        f"and TORCH_LIBRARY_IMPL({namespace}, CPU, m) {{ m.impl(\"f\", &f); }} (docs/migrating.md shows it), or load "
+        f"the module as it is with opforge.load({name!r}, sources)"
+    )

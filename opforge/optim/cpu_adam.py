@@ -35,6 +35,20 @@ def _by_copy(lists: list) -> list:
     return calls
 
 
+_DEEPSPEED_ORDER = ("CPUAdam takes torch.optim.Adam's positional order (params, lr, betas, eps, weight_decay, "
+                    "adamw_mode, ...), and this call looks like DeepSpeedCPUAdam's (model_params, lr, bias_correction, "
+                    "betas, eps, weight_decay, amsgrad, adamw_mode). Pass them by keyword, which both accept: "
+                    "CPUAdam(params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8)")
+
+
+def _check_order(betas, eps) -> None:
+    """A bool where ``betas`` goes, or a pair where ``eps`` goes: DeepSpeed's positional order."""
+    if isinstance(betas, bool) or isinstance(eps, (tuple, list)):
+        raise TypeError(f"{_DEEPSPEED_ORDER} (got betas={betas!r}, eps={eps!r})")
+    if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
+        raise TypeError(f"betas must be a pair of floats, e.g. (0.9, 0.999), not {betas!r}")
+
+
 class CPUAdam(torch.optim.Optimizer):
     _step_supports_amp_scaling = True
 
@@ -45,6 +59,7 @@ class CPUAdam(torch.optim.Optimizer):
             params = model_params  # DeepSpeedCPUAdam's name
         if params is None:
             raise TypeError("CPUAdam needs the parameters to optimise: CPUAdam(model.parameters(), lr=...)")
+        _check_order(betas, eps)
         if not fp32_optimizer_states:
             raise ValueError("fp32_optimizer_states=False is not supported: CPUAdam keeps Adam's states in fp32 "
                              "(low-precision params are fine); drop the argument")
