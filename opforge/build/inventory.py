@@ -1,8 +1,14 @@
 """What is in the cache, and tidying it: list, verify (re-hash) and clean.
 
+Besides the published entries, a cache holds the things builds leave around them
+(:func:`leftovers`): the persistent ninja build dirs (a failed build's objects stay there: one
+such dir held 750 MB), remembered build failures, ``load_inline``'s generated sources, the
+shared precompiled headers, and the staging dirs of killed processes. Listing shows them with
+their size; cleaning removes them, by age too.
+
 Removal renames an entry out of the way before deleting it, so a process that is loading
 at the same time either sees the whole entry or none of it (and then rebuilds). Build
-dirs are removed only when their lock is free.
+dirs and precompiled headers are removed only when their lock is free.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import UnsafeCacheError
 from . import cache, failures
@@ -40,27 +46,32 @@ class Row:
 
 
 def _dir_size(path: str) -> int:
-    total = 0
+    return _walk(path)[0]
+
+
+def _walk(path: str) -> tuple[int, float]:
+    """The total size of the files under ``path``, and the newest mtime among them and the dir."""
+    total, newest = 0, 0.0
     for root, _, files in os.walk(path):
+        try:
+            newest = max(newest, os.lstat(root).st_mtime)
+        except OSError:
+            pass
         for f in files:
             try:
-                total += os.lstat(os.path.join(root, f)).st_size
+                st = os.lstat(os.path.join(root, f))
             except OSError:
-                pass
-    return total
+                continue
+            total += st.st_size
+            newest = max(newest, st.st_mtime)
+    return total, newest
 
 
 def entries(root: str, name: str | None = None) -> list[Row]:
     """Every published entry (optionally of one extension), oldest first."""
     rows = []
-    try:
-        names = sorted(os.listdir(root)) if name is None else [name]
-    except FileNotFoundError:
-        return []
-    for ext in names:
+    for ext in _names(root, name):
         ext_dir = os.path.join(root, ext)
-        if ext.startswith(".") or not os.path.isdir(ext_dir):
-            continue
         for key in sorted(os.listdir(ext_dir)):
             path = os.path.join(ext_dir, key)
             if key.startswith(".") or not os.path.isdir(path):
@@ -93,6 +104,101 @@ def verify(root: str, remove: bool = True) -> list[Row]:
     return out
 
 
+@dataclass(frozen=True)
+class Leftover:
+    """Something in the cache beside the entries (see the module doc)."""
+
+    name: str
+    """The extension it belongs to (empty for the shared precompiled headers)."""
+    what: str
+    """``build dir``, ``failed build``, ``inline sources``, ``precompiled header`` or ``staging``."""
+    path: str
+    size: int
+    modified: float
+    in_use: bool = False
+    """Its lock is held (a build is running): never removed."""
+    detail: str = ""
+
+    @property
+    def age_days(self) -> float:
+        return max(0.0, (time.time() - self.modified) / 86400) if self.modified else 0.0
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "what": self.what, "path": self.path, "size": self.size,
+                "age_days": round(self.age_days, 3), "in_use": self.in_use, "detail": self.detail}
+
+
+def _locked(path: str) -> bool:
+    """Is ``<path>.lock`` held by a build now (a non-blocking probe)?"""
+    import filelock
+
+    if not os.path.exists(path + ".lock"):
+        return False
+    lock = filelock.FileLock(path + ".lock", thread_local=False)
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        return True
+    lock.release()
+    return False
+
+
+def _leftover(name: str, what: str, path: str, detail: str = "", locked: bool = False) -> Leftover:
+    st = os.lstat(path)
+    size, newest = _walk(path) if os.path.isdir(path) else (st.st_size, st.st_mtime)
+    return Leftover(name, what, path, size, newest, locked and _locked(path), detail)
+
+
+def leftovers(root: str, name: str | None = None) -> list[Leftover]:
+    """Everything but the entries (of one extension, or all, with the precompiled headers)."""
+    out = []
+    for ext in _names(root, name):
+        ext_dir = os.path.join(root, ext)
+        try:
+            items = sorted(os.listdir(ext_dir))
+        except OSError:  # removed meanwhile
+            continue
+        for item in items:
+            path = os.path.join(ext_dir, item)
+            try:
+                if item.startswith(".build-") and os.path.isdir(path):
+                    out.append(_leftover(ext, "build dir", path, "ninja's objects, for incremental rebuilds",
+                                         locked=True))
+                elif item.startswith(failures.PREFIX) and item.endswith(".json"):
+                    f = failures.read(path)
+                    out.append(_leftover(ext, "failed build", path, f.first_line() if f else "unreadable record"))
+                elif item.startswith(".src-") and os.path.isdir(path):
+                    out.append(_leftover(ext, "inline sources", path, "load_inline's generated sources"))
+                elif item.startswith((".tmp-", ".trash-")):
+                    out.append(_leftover(ext, "staging", path, "left by a process that was killed"))
+            except OSError:  # removed meanwhile
+                continue
+    if name is None:
+        base = os.path.join(root, ".pch")
+        try:
+            items = sorted(os.listdir(base))
+        except OSError:
+            items = []
+        for item in items:
+            path = os.path.join(base, item)
+            if not item.startswith(".") and os.path.isdir(path):
+                out.append(_leftover("", "precompiled header", path, "shared torch/extension.h PCH", locked=True))
+    return out
+
+
+def _names(root: str, name: str | None) -> list[str]:
+    try:
+        names = sorted(os.listdir(root)) if name is None else [name]
+    except FileNotFoundError:
+        return []
+    return [n for n in names if not n.startswith(".") and os.path.isdir(os.path.join(root, n))]
+
+
+def known(root: str, name: str) -> bool:
+    """Does the cache hold anything of extension ``name``?"""
+    return name in _names(root, name)
+
+
 def _discard_if_idle(path: str) -> bool:
     """Remove a build dir or PCH dir unless a build holds its lock (``<path>.lock``) now."""
     import filelock
@@ -109,47 +215,44 @@ def _discard_if_idle(path: str) -> bool:
         lock.release()
 
 
-def clean(root: str, name: str | None = None, older_than_days: float | None = None) -> list[str]:
-    """Remove entries (all, one extension's, or those older than N days), idle build dirs and,
-    with no name given, the shared precompiled headers."""
-    removed = []
+@dataclass
+class Cleaned:
+    removed: list[str] = field(default_factory=list)
+    freed: int = 0
+    in_use: list[str] = field(default_factory=list)
+    """Build dirs or precompiled headers kept because a build holds their lock."""
+
+
+def clean(root: str, name: str | None = None, older_than_days: float | None = None) -> Cleaned:
+    """Remove entries and leftovers (all, one extension's, or those older than N days). A build dir
+    or precompiled header whose lock is held is kept; staging dirs younger than an hour too (a live
+    process may be writing them)."""
+    if older_than_days is not None and not older_than_days >= 0:
+        raise ValueError(f"older_than_days must be >= 0, not {older_than_days}")
+    done = Cleaned()
+    old = (lambda age: age >= older_than_days) if older_than_days is not None else (lambda age: True)
     for row in entries(root, name):
-        if older_than_days is not None and row.age_days < older_than_days:
+        if old(row.age_days):
+            cache.discard(row.path)
+            done.removed.append(row.path)
+            done.freed += row.size
+    for item in leftovers(root, name):
+        if not old(item.age_days):
             continue
-        cache.discard(row.path)
-        removed.append(row.path)
-    if older_than_days is not None:
-        return removed
+        if item.what == "staging":
+            continue  # cache.sweep_stale below: only those a killed process left
+        if item.what in ("build dir", "precompiled header"):
+            if not _discard_if_idle(item.path):
+                done.in_use.append(item.path)
+                continue
+        elif item.what == "failed build":
+            failures.forget(item.path)
+        else:
+            shutil.rmtree(item.path, ignore_errors=True)
+        done.removed.append(item.path)
+        done.freed += item.size
+    for ext in _names(root, name):
+        cache.sweep_stale(os.path.join(root, ext))
     if name is None:
-        removed += _clean_pch(root)
-    try:
-        names = os.listdir(root) if name is None else [name]
-    except FileNotFoundError:
-        return removed
-    for ext in names:
-        ext_dir = os.path.join(root, ext)
-        if not os.path.isdir(ext_dir) or ext.startswith("."):
-            continue
-        for item in os.listdir(ext_dir):
-            path = os.path.join(ext_dir, item)
-            if item.startswith(".build-") and os.path.isdir(path) and _discard_if_idle(path):
-                removed.append(path)
-            elif item.startswith(".src-") and os.path.isdir(path):
-                shutil.rmtree(path, ignore_errors=True)
-            elif item.startswith(failures.PREFIX):  # a remembered failed build: the next load tries again
-                failures.forget(path)
-        cache.sweep_stale(ext_dir)  # .tmp-/.trash- of killed processes; fresh ones may be in use
-    return removed
-
-
-def _clean_pch(root: str) -> list[str]:
-    """The shared precompiled headers (OPFORGE_PCH), each only when its lock is free."""
-    base = os.path.join(root, ".pch")
-    try:
-        items = os.listdir(base)
-    except OSError:
-        return []
-    dirs = [os.path.join(base, i) for i in items if not i.startswith(".") and os.path.isdir(os.path.join(base, i))]
-    removed = [p for p in dirs if _discard_if_idle(p)]
-    cache.sweep_stale(base)
-    return removed
+        cache.sweep_stale(os.path.join(root, ".pch"))
+    return done

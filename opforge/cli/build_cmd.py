@@ -47,7 +47,9 @@ from .. import settings as settings_mod
 from ..build.progress import Reporter
 from ..errors import BuildError
 from ..extension import CACHED, NEEDS_BUILD, PREBUILT
-from .report_cmd import aligned
+from ..extension import FAILED as FAILED_STATE
+from . import user_modules
+from .output import aligned
 
 SCHEMA = "opforge.build/1"
 BUILT, CACHED_RESULT, SKIPPED, FAILED = "built", "cached", "skipped", "failed"
@@ -89,6 +91,7 @@ def add_parser(sub) -> None:
     p.add_argument("--jobs", "-j", type=_positive, metavar="N",
                    help="builds to run at once (default: the CPUs this process may use)")
     p.add_argument("--json", action="store_true", help=f"print JSON (schema {SCHEMA}) instead of a table")
+    user_modules.add_option(p)
     p.set_defaults(func=cmd_build)
 
 
@@ -140,6 +143,8 @@ def plan(chosen: dict[str, set[str] | None], known: dict, platform, prebuilt) ->
             state = c.status.state if c.status is not None else None
             if not ext.needs_compiler:
                 skip = f"nothing to build ({ext.backend} backend)"
+            elif state == FAILED_STATE:
+                skip = None  # a remembered failure: the loader skips it, an explicit build tries again
             elif not c.decision:
                 skip = c.decision.reason
             elif state == PREBUILT:
@@ -301,6 +306,10 @@ def _run_with_progress(planned, settings, jobs, tty: bool, quiet: bool) -> list[
 def cmd_build(args) -> int:
     from ..platform import current
 
+    error = user_modules.import_all(args.imports)
+    if error:
+        print(f"opforge build: {error}", file=sys.stderr)
+        return 2
     known = loader_mod.loaders()
     chosen, error = selection(args.kinds, args.all, known)
     if error:

@@ -1,12 +1,21 @@
-"""``opforge cache list | clean | verify | export | import``."""
+"""``opforge cache list | clean | verify | export | import``.
+
+Tables are rich on a terminal and plain full-width text otherwise (``output.table``); ``--json``
+prints JSON. ``list`` shows the entries, then what builds leave around them (build dirs, failed
+builds, generated sources, precompiled headers) with their sizes; ``clean`` removes either, by
+extension or by age, never what a running build holds, and exits 1 for a name the cache doesn't
+hold (2 for a bad argument)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
 from .. import settings as settings_mod
 from ..build import inventory
+from ..build.key import check_name
+from . import output
 
 
 def add_parser(sub) -> None:
@@ -17,9 +26,10 @@ def add_parser(sub) -> None:
     ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ls.set_defaults(func=cmd_list)
 
-    cl = csub.add_parser("clean", help="remove cached builds (all, one extension's, or old ones)")
+    cl = csub.add_parser("clean", help="remove cached builds and leftovers (all, one extension's, or old ones)")
     cl.add_argument("name", nargs="?", help="only this extension")
-    cl.add_argument("--older-than", type=float, metavar="DAYS", help="only builds older than DAYS days")
+    cl.add_argument("--older-than", type=_days, metavar="DAYS",
+                    help="only what is older than DAYS days (a number >= 0)")
     cl.set_defaults(func=cmd_clean)
 
     vf = csub.add_parser("verify", help="re-hash every binary; remove corrupt entries")
@@ -40,7 +50,18 @@ def add_parser(sub) -> None:
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
-def _size(n: int) -> str:
+def _days(text: str) -> float:
+    """``--older-than``: a number of days, >= 0 (``-3`` once meant everything)."""
+    try:
+        days = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days") from None
+    if not days >= 0 or days == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of days >= 0, e.g. --older-than 30")
+    return days
+
+
+def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -56,40 +77,58 @@ def _age(days: float) -> str:
     return f"{days:.1f} d"
 
 
-def _table(rows, title: str, with_status: bool) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def _entries_table(rows, title: str, with_status: bool) -> None:
+    columns = ["name", "key", "size", "age", "torch", "kind"] + (["status"] if with_status else [])
+    cells = [[r.name, r.key, _size(r.size), _age(r.age_days), r.torch, r.kind] + ([r.status] if with_status else [])
+             for r in rows]
+    styles = [None if not with_status or r.status == "ok" else "red" for r in rows]
+    output.table(title, columns, cells, right=("size", "age"), styles=styles)
 
-    table = Table(title=title)
-    for col in ("name", "key", "size", "age", "torch", "kind") + (("status",) if with_status else ()):
-        table.add_column(col, justify="right" if col in ("size", "age") else "left")
-    for r in rows:
-        cells = [r.name, r.key, _size(r.size), _age(r.age_days), r.torch, r.kind]
-        if with_status:
-            cells.append(r.status if r.status == "ok" else f"[red]{r.status}[/red]")
-        table.add_row(*cells)
-    Console().print(table)
+
+def _leftovers_table(items, title: str) -> None:
+    cells = [[i.name or "-", i.what, _size(i.size), _age(i.age_days), "in use" if i.in_use else "", i.path, i.detail]
+             for i in items]
+    output.table(title, ["name", "what", "size", "age", "", "path", "detail"], cells, right=("size", "age"))
 
 
 def cmd_list(args) -> int:
     root = settings_mod.current().cache_dir
     rows = inventory.entries(root)
+    extra = inventory.leftovers(root)
     if args.json:
-        json.dump({"cache_dir": root, "entries": [r.to_json() for r in rows]}, sys.stdout, indent=1)
+        json.dump({"cache_dir": root, "entries": [r.to_json() for r in rows],
+                   "leftovers": [i.to_json() for i in extra]}, sys.stdout, indent=1)
         print()
-    elif not rows:
+        return 0
+    if not rows:
         print(f"no cached builds in {root}")
     else:
-        _table(rows, f"opforge cache: {root}", with_status=False)
+        _entries_table(rows, f"opforge cache: {root}", with_status=False)
+    if extra:
+        print()
+        _leftovers_table(extra, f"beside them ({_size(sum(i.size for i in extra))}; `opforge cache clean` removes "
+                                "them, --older-than DAYS the old ones)")
     return 0
 
 
 def cmd_clean(args) -> int:
     root = settings_mod.current().cache_dir
-    removed = inventory.clean(root, args.name, args.older_than)
+    if args.name is not None:
+        try:
+            check_name(args.name)
+        except ValueError as exc:
+            print(f"opforge cache clean: {exc}", file=sys.stderr)
+            return 2
+        if not inventory.known(root, args.name):
+            print(f"opforge cache clean: the cache ({root}) holds nothing of {args.name!r}; `opforge cache list` "
+                  "shows what it holds", file=sys.stderr)
+            return 1
+    done = inventory.clean(root, args.name, args.older_than)
     what = f" of {args.name}" if args.name else ""
     age = f" older than {args.older_than:g} days" if args.older_than is not None else ""
-    print(f"removed {len(removed)} item(s){what}{age} from {root}")
+    print(f"removed {len(done.removed)} item(s){what}{age} ({_size(done.freed)}) from {root}")
+    if done.in_use:
+        print(f"kept {len(done.in_use)} in use by a running build: {', '.join(done.in_use)}")
     return 0
 
 
@@ -101,7 +140,7 @@ def cmd_verify(args) -> int:
         json.dump({"cache_dir": root, "entries": [r.to_json() for r in rows]}, sys.stdout, indent=1)
         print()
     elif rows:
-        _table(rows, f"opforge cache verify: {root}", with_status=True)
+        _entries_table(rows, f"opforge cache verify: {root}", with_status=True)
     print(f"{len(rows) - len(bad)} ok, {len(bad)} corrupt" + ("" if args.keep or not bad else " (removed)"),
           file=sys.stderr if args.json else sys.stdout)
     return 1 if bad else 0
@@ -112,18 +151,10 @@ def _outcomes(outcomes, title: str, as_json: bool, extra: dict) -> None:
         json.dump(dict(extra, entries=[o.to_json() for o in outcomes]), sys.stdout, indent=1)
         print()
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title)
-    for col in ("name", "entry", "status", "why"):
-        table.add_column(col)
-    colour = {"skipped": "yellow", "corrupt": "red"}
-    for o in outcomes:
-        status = f"[{colour[o.status]}]{o.status}[/{colour[o.status]}]" if o.status in colour else o.status
-        table.add_row(o.name, o.entry, status, o.reason)
     if outcomes:
-        Console().print(table)
+        colour = {"skipped": "yellow", "corrupt": "red"}
+        output.table(title, ["name", "entry", "status", "why"], [[o.name, o.entry, o.status, o.reason] for o in outcomes],
+                     styles=[colour.get(o.status) for o in outcomes])
 
 
 def _counts(outcomes) -> str:

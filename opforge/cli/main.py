@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .. import __version__
 from . import bench_cmd, build_cmd, cache_cmd, doctor_cmd, report_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="opforge", description="Build, cache and load PyTorch kernels.")
+    parser.add_argument("--version", action="version", version=f"opforge {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     report_cmd.add_parser(sub)
     doctor_cmd.add_parser(sub)

@@ -72,6 +72,8 @@ from .. import loader as loader_mod
 from .. import prebuilt as prebuilt_mod
 from .. import settings as settings_mod
 from ..platform import Platform
+from . import user_modules
+from .output import aligned
 
 SCHEMA = "opforge.report/1"
 
@@ -91,6 +93,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("report", help="which kernel implementations work on this machine, and why")
     p.add_argument("kinds", nargs="*", metavar="KIND", help="only these kernel kinds (default: all)")
     p.add_argument("--json", action="store_true", help=f"print JSON (schema {SCHEMA}) instead of tables")
+    user_modules.add_option(p)
     p.set_defaults(func=cmd_report)
 
 
@@ -276,16 +279,6 @@ def candidate_cells(c: dict) -> list[str]:
 # -- printing ---------------------------------------------------------------------------
 
 
-def aligned(rows: list[list[str]], indent: str = "  ") -> list[str]:
-    """Plain text columns, padded to the widest cell (the last column is not padded)."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    out = []
-    for r in rows:
-        cells = [cell.ljust(w) for cell, w in zip(r[:-1], widths[:-1])] + [r[-1]]
-        out.append((indent + "  ".join(cells)).rstrip())
-    return out
-
-
 def print_plain(data: dict, out=None) -> None:
     out = out or sys.stdout
     w = lambda line="": print(line, file=out)
@@ -340,6 +333,10 @@ def print_rich(data: dict, console=None) -> None:
 
 
 def cmd_report(args) -> int:
+    error = user_modules.import_all(args.imports)
+    if error:
+        print(f"opforge report: {error}", file=sys.stderr)
+        return 2
     known = loader_mod.loaders()
     error = unknown_kinds(args.kinds, known)
     if error:

@@ -20,7 +20,7 @@ import time
 import pytest
 
 import opforge
-from opforge.build import cache, inventory, jit
+from opforge.build import cache, importer, inventory
 
 from conftest import ROOT, pymod_source
 
@@ -231,12 +231,12 @@ def test_dependency_mtimes_in_the_future_and_the_past(cache_dir, tmp_path, count
 _LOOP = r"""
 import json, sys
 import opforge
-from opforge.build import jit
+from opforge.build import importer
 names, srcs, rounds = sys.argv[1].split(","), sys.argv[2].split(","), int(sys.argv[3])
 ok = 0
 for i in range(rounds):
     for k, (name, src) in enumerate(zip(names, srcs)):
-        jit._LOADED.clear()  # a real lookup each time, not the process's memo
+        importer._LOADED.clear()  # a real lookup each time, not the process's memo
         mod = opforge.load(name, [src])
         assert mod.value() == k + 1, (name, mod.value())
         ok += 1
@@ -320,5 +320,5 @@ def test_publish_errors_leave_no_temp_dirs(cache_dir, make_pymod, monkeypatch):
         opforge.load("pub_tmp", [str(src)])
     monkeypatch.undo()
     assert [n for n in os.listdir(cache_dir / "pub_tmp") if n.startswith(".tmp-")] == []
-    jit._LOADED.clear()
+    importer._LOADED.clear()
     assert opforge.load("pub_tmp", [str(src)]).value() == 2
