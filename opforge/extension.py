@@ -32,12 +32,13 @@ import inspect
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from . import isa as isa_mod
 from . import settings as settings_mod
 from .decision import Accepted, Decision, Rejected
 from .errors import OpforgeError
+from .loaded import LoadedKernel
 from .notices import KernelFallbackWarning, warn_once  # noqa: F401 (KernelFallbackWarning: re-exported)
 
 BACKENDS = ("cpp", "cuda", "triton", "torch")
@@ -57,34 +58,6 @@ class Status:
     state: str
     note: str = ""
     """Why a prebuilt binary that is present was passed over, if it was."""
-
-
-@dataclass(frozen=True)
-class LoadedKernel:
-    """A loaded implementation. Its attributes are the ops: ``k.axpy(x, y, 2.0)``."""
-
-    name: str
-    kind: str
-    backend: str
-    origin: str
-    """``prebuilt``, ``cached``, ``built`` or ``python``."""
-    path: str
-    ops: Any
-    """``torch.ops.<namespace>`` for C++/CUDA, the module for triton/torch backends."""
-
-    def __getattr__(self, attr: str):
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        try:
-            return getattr(self.ops, attr)
-        except AttributeError:
-            if self.backend not in ("cpp", "cuda"):
-                raise
-            namespace = getattr(self.ops, "name", "?")
-            raise AttributeError(
-                f"{self.name} ({self.path}) registers no op {attr!r} in torch.ops.{namespace}: check that its "
-                f"TORCH_LIBRARY({namespace}, m) block defines it (the namespace is the extension's op_namespace or "
-                "name, passed to its sources as OPFORGE_NS)") from None
 
 
 _LOADED: dict[str, LoadedKernel] = {}
@@ -137,8 +110,6 @@ class Extension:
         except TypeError:
             raise TypeError(f"{where}: opforge creates extensions with no arguments, but its __init__ needs some "
                             f"({inspect.signature(cls)}); move what __init__ sets into class attributes") from None
-        except ValueError:  # no signature to read
-            pass
         if cls.backend not in BACKENDS:
             raise TypeError(f"{where}: backend {cls.backend!r} is not one of {', '.join(BACKENDS)}")
         if not cls.kind:
@@ -260,11 +231,9 @@ class CompiledExtension(Extension):
             if verdict:
                 return Status(PREBUILT, verdict.reason)
             note = f"prebuilt binary skipped: {verdict.reason}"
-        from .build import jit
+        from .build import failures, jit
         from .build.cache import Layout
         from .build.progress import Reporter
-
-        from .build import failures
 
         s = settings or settings_mod.current()
         layout = Layout(s.cache_dir)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from ..errors import UnsafeCacheError
 from . import cache, failures
 from .cache import Entry
+from .lock import held
 
 
 @dataclass(frozen=True)
@@ -128,25 +129,10 @@ class Leftover:
                 "age_days": round(self.age_days, 3), "in_use": self.in_use, "detail": self.detail}
 
 
-def _locked(path: str) -> bool:
-    """Is ``<path>.lock`` held by a build now (a non-blocking probe)?"""
-    import filelock
-
-    if not os.path.exists(path + ".lock"):
-        return False
-    lock = filelock.FileLock(path + ".lock", thread_local=False)
-    try:
-        lock.acquire(timeout=0)
-    except filelock.Timeout:
-        return True
-    lock.release()
-    return False
-
-
 def _leftover(name: str, what: str, path: str, detail: str = "", locked: bool = False) -> Leftover:
     st = os.lstat(path)
     size, newest = _walk(path) if os.path.isdir(path) else (st.st_size, st.st_mtime)
-    return Leftover(name, what, path, size, newest, locked and _locked(path), detail)
+    return Leftover(name, what, path, size, newest, locked and held(path + ".lock"), detail)
 
 
 def leftovers(root: str, name: str | None = None) -> list[Leftover]:

@@ -58,6 +58,20 @@ def read_holder(lock_path: str) -> Holder | None:
         return None
 
 
+def held(lock_path: str) -> bool:
+    """True when some process holds the lock now (a non-blocking probe; a lock file that does not
+    exist is held by nobody, and is not created)."""
+    if not os.path.exists(lock_path):
+        return False
+    lock = filelock.FileLock(lock_path, mode=0o600, thread_local=False)
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        return True
+    lock.release()
+    return False
+
+
 class BuildLock:
     """``with BuildLock(path, what, timeout, notify) as lock: ...``; ``lock.previous`` is a dead holder, if any.
 

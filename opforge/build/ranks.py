@@ -114,24 +114,11 @@ def role(s: settings_mod.Settings) -> Role:
     return decide(Ranks.detect(s), s.distributed, s.shared_cache)
 
 
-def lock_held(lock_path: str) -> bool:
-    """True when some process holds the build lock now (a non-blocking probe)."""
-    import filelock
-
-    lock = filelock.FileLock(lock_path, mode=0o600, thread_local=False)
-    try:
-        lock.acquire(timeout=0)
-    except filelock.Timeout:
-        return True
-    lock.release()
-    return False
-
-
 def await_builder(find: Callable[[], T | None], lock_path: str, failed: str, what: str, r: Role,
                   s: settings_mod.Settings, reporter) -> T | None:
     """Wait for ``r.builder`` to publish ``what`` (see the module doc). The entry, or None when this
     process should build it itself; BuildError when the builder gave up without publishing."""
-    from .lock import BuildLock, read_holder
+    from .lock import BuildLock, held, read_holder
 
     deadline = time.monotonic() + s.dist_grace
     since = time.time() - s.dist_grace  # a failure older than that is not this job's
@@ -146,7 +133,7 @@ def await_builder(find: Callable[[], T | None], lock_path: str, failed: str, wha
             raise BuildError(f"{what}: its build failed on {failure.host} (pid {failure.pid}, "
                              f"{time.time() - failure.when:.0f} s ago), so this rank does not retry it. "
                              f"The error was: {failure.error}")
-        if lock_held(lock_path) and read_holder(lock_path) is not None:
+        if held(lock_path) and read_holder(lock_path) is not None:
             # A builder holds it (a holder file names it). Held with no holder file is another
             # waiting rank's probe, for microseconds, or a builder about to write its file: look again.
             with BuildLock(lock_path, what, s.lock_timeout, reporter.notice, record=False):
