@@ -338,3 +338,67 @@ def test_deepspeeds_positional_order_is_named_not_a_tuple_comparison():
     with pytest.raises(TypeError, match="betas must be a pair of floats"):
         CPUAdam(params, betas=0.9)
     CPUAdam(params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999))  # the keyword form works
+
+
+# -- the step wrapper: torch's semantics (hooks, the profiler's range), at a lower cost ---------------
+
+
+def _hook_log(opt_cls, fast_path: bool, monkeypatch):
+    """What the hooks of an optimizer see over two steps, with every kind of step hook registered."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    from opforge.optim import step_hooks
+
+    if not fast_path:  # as on a torch without the private names: every step through torch's wrapper
+        monkeypatch.setattr(step_hooks, "FACTS", None)
+    m = model()
+    opt = opt_cls(m.parameters(), lr=1e-2)
+    log = []
+    handles = [
+        opt.register_step_pre_hook(lambda o, a, k: log.append(("pre", type(o).__name__, a[1:], dict(k)))),
+        opt.register_step_post_hook(lambda o, a, k: log.append(("post", type(o).__name__))),
+        register_optimizer_step_pre_hook(lambda o, a, k: log.append(("global pre",))),
+        register_optimizer_step_post_hook(lambda o, a, k: log.append(("global post",))),
+    ]
+    try:
+        train(m, opt, 1)
+        for h in handles[2:]:
+            h.remove()
+        train(m, opt, 1)
+        handles[0].remove()
+        handles[1].remove()
+        train(m, opt, 1)  # no hook left: the fast path, if there is one
+    finally:
+        for h in handles:
+            h.remove()
+    return [(e[0], *e[2:]) if e[0] == "pre" else e[:1] for e in log]
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast_path", "torch_wrapper_only"])
+def test_step_hooks_run_as_on_torch_optimizers(fast_path, monkeypatch):
+    assert _hook_log(CPUAdam, fast_path, monkeypatch) == _hook_log(torch.optim.AdamW, fast_path, monkeypatch)
+
+
+def test_a_pre_hook_can_rewrite_the_steps_arguments():
+    m = model()
+    opt = CPUAdam(m.parameters(), lr=1e-2)
+    seen = []
+    opt.register_step_pre_hook(lambda o, a, k: ((a[0],), {"closure": lambda: seen.append("closure") or 0.0}))
+    train(m, opt, 1)
+    assert seen == ["closure"]
+
+
+def test_the_profiler_sees_the_step_as_on_torch_optimizers():
+    m = model()
+    opt = CPUAdam(m.parameters(), lr=1e-2)
+    train(m, opt, 1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        train(m, opt, 1)
+    names = {e.name for e in prof.events()}
+    assert "Optimizer.step#CPUAdam.step" in names
+
+
+def test_the_step_is_not_wrapped_twice():
+    CPUAdam(model().parameters())
+    CPUAdam(model().parameters())
+    assert CPUAdam.step.hooked and not hasattr(CPUAdam.step.__wrapped__, "hooked")
