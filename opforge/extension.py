@@ -192,6 +192,10 @@ class CompiledExtension(Extension):
     def source_paths(cls) -> list[str]:
         return [os.path.join(cls.source_dir(), s) for s in cls.sources]
 
+    @classmethod
+    def include_paths(cls) -> list[str]:
+        return [os.path.join(cls.source_dir(), d) for d in cls.include_dirs]
+
     @property
     def namespace(self) -> str:
         return self.op_namespace or self.name
@@ -212,7 +216,9 @@ class CompiledExtension(Extension):
         return [*self.ldflags] + (["-fopenmp"] if self.openmp else [])
 
     def check_compatible(self, platform) -> Decision:
-        if self.stable_abi and platform.torch_minor < _minor(self.stable_abi):
+        from .build.key import version_tuple
+
+        if self.stable_abi and platform.torch_minor < version_tuple(self.stable_abi):
             return Rejected(f"built on the LibTorch stable ABI of torch {self.stable_abi}; "
                             f"torch {platform.torch_version} is older: upgrade torch")
         return Accepted()
@@ -221,8 +227,7 @@ class CompiledExtension(Extension):
         from .build.key import make_spec
 
         return make_spec(settings, self.name, self.source_paths(), self.compile_flags(), self.cuda_compile_flags(),
-                         self.link_flags(), [os.path.join(self.source_dir(), d) for d in self.include_dirs],
-                         self.backend == "cuda", False, False, self.stable_abi or "")
+                         self.link_flags(), self.include_paths(), self.backend == "cuda", False, False, self.stable_abi or "")
 
     def status(self, platform, prebuilt, settings: settings_mod.Settings | None = None) -> Status:
         note = ""
@@ -293,8 +298,7 @@ class CompiledExtension(Extension):
         """Do its sources register ops with torch (not only a Python module)? Read from the sources."""
         from .build import bindings
 
-        return bindings.library_decision(self.name, self.namespace, self.source_paths(),
-                                         [os.path.join(self.source_dir(), d) for d in self.include_dirs])
+        return bindings.library_decision(self.name, self.namespace, self.source_paths(), self.include_paths())
 
     def _check_bindings(self) -> None:
         verdict = self.bindings_decision()
@@ -309,12 +313,6 @@ class CompiledExtension(Extension):
 
             importer.load_library(self.name, path, self.source_paths())
         return LoadedKernel(self.name, self.kind, self.backend, origin, path, getattr(torch.ops, self.namespace))
-
-
-def _minor(version: str) -> tuple[int, int]:
-    from .build.key import version_tuple
-
-    return version_tuple(version)
 
 
 class CppExtension(CompiledExtension):

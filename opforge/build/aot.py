@@ -152,7 +152,7 @@ def setuptools_extension(ext):
     return maker(
         name=f"{ext.aot_package}.{ext.name}",
         sources=[os.path.relpath(p, root) for p in ext.source_paths()],
-        include_dirs=[os.path.join(ext.source_dir(), d) for d in ext.include_dirs],
+        include_dirs=ext.include_paths(),
         extra_compile_args=args,
         extra_link_args=ext.link_flags() + runtime,
         py_limited_api=bool(ext.stable_abi),

@@ -90,6 +90,12 @@ def read(path: str) -> Failure | None:
         return None
 
 
+def recent(path: str, since: float) -> Failure | None:
+    """The record, if it was written at ``since`` or later (a waiting rank's view: older is not this job's)."""
+    f = read(path)
+    return f if f is not None and f.when >= since else None
+
+
 def forget(path: str) -> None:
     try:
         os.unlink(path)

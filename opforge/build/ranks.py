@@ -128,8 +128,8 @@ def await_builder(find: Callable[[], T | None], lock_path: str, failed: str, wha
         found = find()
         if found is not None:
             return found
-        failure = failures.read(failed)
-        if failure is not None and failure.when >= since:
+        failure = failures.recent(failed, since)
+        if failure is not None:
             raise BuildError(f"{what}: its build failed on {failure.host} (pid {failure.pid}, "
                              f"{time.time() - failure.when:.0f} s ago), so this rank does not retry it. "
                              f"The error was: {failure.error}")
@@ -140,9 +140,8 @@ def await_builder(find: Callable[[], T | None], lock_path: str, failed: str, wha
                 found = find()
             if found is not None:
                 return found
-            failure = failures.read(failed)
-            raise BuildError(f"{what}: its build failed: {failure.error}") if failure and failure.when >= since \
-                else BuildError(
+            failure = failures.recent(failed, since)
+            raise BuildError(f"{what}: its build failed: {failure.error}") if failure else BuildError(
                 f"{what}: the process building it ({r.builder}, or a rank that took over) released the build "
                 "lock without publishing it: its build failed or it was killed. See that rank's output for "
                 "the compiler's errors; the next load() builds it again."
