@@ -37,7 +37,8 @@ How it times: the rows of one table (a shape, dtype and mode) live side by side.
 warm-up calls, then R rounds, the rows in a rotating order each round (a noisy neighbour hits
 all alike); in a round, a row runs a batch of k calls, k set per row from a trial batch so that
 a batch lasts about 2 ms on a GPU (10 ms on the CPU; --quick: a quarter, R 3, W 2): per-call
-time = batch / k, reported as the median (min-max) of R. GPU: the device is synchronized and L2
+time = batch / k, reported as the median (min-max) of R; on a GPU, with the host's time to
+issue a call beside it (perf_counter around the batch, no sync inside), the median of R. GPU: the device is synchronized and L2
 flushed (a buffer of twice its size zeroed) before each batch, which is timed with CUDA events,
 so every row starts from the same cache state (without the flush, a row that follows eager pays
 for eager's dirty lines), and a row bound by its launch cost (small shapes) is timed at the
@@ -208,13 +209,16 @@ class Clock:
             torch.cuda.synchronize()
 
     def batch(self, run, start: int, k: int) -> float:
+        """Seconds for k runs; on a GPU, ``self.host`` is the host's seconds to issue them (no sync)."""
         if self.cuda:
             torch.cuda.synchronize()
             self.flush.zero_()  # every batch starts from the same L2 state, whatever ran before it
             e0, e1 = self.events
             e0.record()
+            t0 = time.perf_counter()
             for j in range(start, start + k):
                 run(j)
+            self.host = time.perf_counter() - t0
             e1.record()
             e1.synchronize()
             return e0.elapsed_time(e1) / 1e3
@@ -241,18 +245,21 @@ def cells(rows: dict[str, Row], clock: Clock, warmup: int, rounds: int, target_s
         trial = 3 if max_k > 1 else 1
         est = clock.batch(row.run, warmup, trial) / trial
         k = max(1, min(max_k, round(target_s / max(est, 1e-9))))
-        state[name] = [row, k, warmup + trial, []]
+        state[name] = [row, k, warmup + trial, [], []]
     names = list(rows)
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             st = state[name]
             row, k = st[0], st[1]
             st[3].append(clock.batch(row.run, st[2], k) / (k * row.calls))
+            if clock.cuda:
+                st[4].append(clock.host / (k * row.calls))
             st[2] += k
     out = {}
-    for name, (row, k, _, runs) in state.items():
+    for name, (row, k, _, runs, hosts) in state.items():
         out[name] = {"median_s": statistics.median(runs), "min_s": min(runs), "max_s": max(runs),
-                     "calls_per_batch": k * row.calls, "runs": runs}
+                     "calls_per_batch": k * row.calls, "runs": runs,
+                     "host_median_s": statistics.median(hosts) if hosts else None}
     return out
 
 
@@ -506,7 +513,8 @@ def fmt_t(s: float) -> str:
 def cell_t(r: dict) -> str:
     """median (min-max), the range in the median's unit."""
     scale, digits = (1e6, 1) if r["median_s"] < 1e-3 else (1e3, 3)
-    return f"{fmt_t(r['median_s'])} ({r['min_s'] * scale:.{digits}f}-{r['max_s'] * scale:.{digits}f})"
+    cell = f"{fmt_t(r['median_s'])} ({r['min_s'] * scale:.{digits}f}-{r['max_s'] * scale:.{digits}f})"
+    return cell + (f", host {fmt_t(r['host_median_s'])}" if r.get("host_median_s") is not None else "")
 
 
 def x(v) -> str:

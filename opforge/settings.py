@@ -82,6 +82,13 @@ class Settings:
     """``OPFORGE_FALLBACK_NOTICE``: ``0`` silences the notice a kernel loader gives once per kind when it
     settles for a lower-priority implementation because better ones can't be had with this software
     (no compiler, ninja or nvcc; a failed build; an old torch)."""
+    triton_tuning: str = "auto"
+    """``OPFORGE_TRITON_TUNING``: ``auto`` (a Triton kernel times its candidate configs once per shape
+    class and keeps the winner in the cache, ``kernels/tuning.py``) or ``off`` (the first config
+    that fits, untimed: no tuning at start-up, maybe slower kernels)."""
+    triton_direct: bool = True
+    """``OPFORGE_TRITON_DIRECT``: ``0`` sends every Triton launch through triton's own ``kernel[grid](...)``
+    path instead of the compiled kernel's launcher (``kernels/triton_launch.py``; read once per process)."""
 
     def build_env(self) -> tuple[tuple[str, str], ...]:
         """The variables that change a binary, as (name, value) pairs for the build key."""
@@ -146,6 +153,13 @@ def _linker(raw: str | None) -> str:
     return value
 
 
+def _tuning(raw: str | None) -> str:
+    value = (raw or "auto").strip().lower()
+    if value in ("0", "off", "false", "no"):
+        return "off"
+    return "auto"
+
+
 def current(env: Mapping[str, str] | None = None) -> Settings:
     """Read the environment (or ``env``) into a :class:`Settings`."""
     env = os.environ if env is None else env
@@ -181,6 +195,8 @@ def current(env: Mapping[str, str] | None = None) -> Settings:
         cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
         cuda_device_order=env.get("CUDA_DEVICE_ORDER"),
         fallback_notice=(env.get("OPFORGE_FALLBACK_NOTICE") or "1").strip().lower() not in ("0", "false", "no", "off"),
+        triton_tuning=_tuning(env.get("OPFORGE_TRITON_TUNING")),
+        triton_direct=(env.get("OPFORGE_TRITON_DIRECT") or "1").strip().lower() not in ("0", "false", "no", "off"),
     )
 
 

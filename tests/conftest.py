@@ -31,6 +31,12 @@ hypothesis_settings.register_profile("fuzz", parent=hypothesis_settings.get_prof
                                      max_examples=int(os.environ.get("FUZZ_EXAMPLES", "1000")))
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# Triton kernels run their first fitting config, untimed: tuning each of the GPU tests' many
+# shapes (every candidate compiled and timed) would take most of the GPU suite's time, and
+# results don't depend on the config. The tests of tuning itself set "auto" (test_tuning.py,
+# test_block_sparse_calls_cuda.py).
+os.environ.setdefault("OPFORGE_TRITON_TUNING", "off")
+
 
 def pymod_source(name: str, value: int = 1, extra: str = "") -> str:
     """C++ source of a Python module ``name`` whose ``value()`` returns ``value``."""

@@ -541,3 +541,80 @@ def test_more_than_2_31_elements(impl, dim):
             sig = torch.sigmoid(v)
             want[c] += (dys.double() * gain * sig * (1 + v * (1 - sig))).sum()
     torch.testing.assert_close(db.double(), want, rtol=1e-4, atol=1.0)
+
+
+# -- CUDA graphs and torch.compile's reduce-overhead mode (issue 21) --
+
+def _capture(step, warm_up):
+    side = torch.cuda.Stream()  # warm up on a side stream, as torch's docs ask
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            warm_up()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    return graph, out
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["fwd", "fwd+bwd"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_cuda_graph_replay_equals_eager(on_cuda, grad, dtype):
+    x = torch.randn(4, 512, 8, 8, device="cuda", dtype=dtype, requires_grad=grad)
+    b = torch.randn(512, device="cuda", dtype=dtype, requires_grad=grad)
+    dy = torch.randn(4, 512, 8, 8, device="cuda", dtype=dtype)
+
+    def step():
+        y = bias_act(x, b, act="lrelu", clamp=256.0)
+        if grad:
+            y.backward(dy)
+        return y
+
+    def warm_up():
+        x.grad = b.grad = None
+        step()
+
+    if grad:  # the graph accumulates into these
+        x.grad, b.grad = torch.zeros_like(x), torch.zeros_like(b)
+    graph, static_y = _capture(step, warm_up)
+    grads = (x.grad, b.grad) if grad else ()
+    for seed in (1, 2):
+        new = torch.randn(x.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)).to(dtype)
+        with torch.no_grad():
+            x.copy_(new)
+            for t in grads:
+                t.zero_()
+        graph.replay()
+        xe = new.clone().requires_grad_(grad)
+        be = b.detach().clone().requires_grad_(grad)
+        ye = bias_act(xe, be, act="lrelu", clamp=256.0)
+        torch.testing.assert_close(static_y, ye.detach(), rtol=0, atol=0)
+        if grad:
+            ye.backward(dy)
+            torch.testing.assert_close(grads[0], xe.grad, rtol=0, atol=0)
+            torch.testing.assert_close(grads[1], be.grad)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["fwd", "fwd+bwd"])
+def test_torch_compile_reduce_overhead_equals_eager(on_cuda, grad):
+    torch._dynamo.reset()
+    b = torch.randn(512, device="cuda", requires_grad=grad)
+    f = torch.compile(lambda x, b: bias_act(x, b, act="swish") * 2, mode="reduce-overhead", fullgraph=True)
+    for seed in range(4):  # cudagraph trees record after warm-up runs
+        gen = torch.Generator("cuda").manual_seed(seed)
+        x = torch.randn(4, 512, 8, 8, device="cuda", generator=gen, requires_grad=grad)
+        if grad:
+            b.grad = None
+            y = f(x, b)
+            y.sum().backward()
+            got = y.detach().clone(), x.grad.clone(), b.grad.clone()
+            b.grad = None
+            x2 = x.detach().clone().requires_grad_()
+            y2 = bias_act(x2, b, act="swish") * 2
+            y2.sum().backward()
+            for a, e in zip(got, (y2.detach(), x2.grad, b.grad)):
+                torch.testing.assert_close(a, e)
+        else:
+            with torch.no_grad():
+                torch.testing.assert_close(f(x, b).clone(), bias_act(x, b, act="swish") * 2)

@@ -302,3 +302,24 @@ def test_the_family_is_in_the_loader():
     names = [c.name for c in BlockSparseLoader().candidates(device="cpu")]
     assert "block_sparse_torch" in names
     assert BlockSparseLoader().load(device="cpu").name == "block_sparse_torch"
+
+
+def test_a_checked_call_is_not_checked_again_but_a_new_one_is(monkeypatch):
+    from opforge.ops import block_sparse as ops
+
+    calls = []
+    real = ops.check
+    monkeypatch.setattr(ops, "check", lambda *a: calls.append(1) or real(*a))
+    layout = layout_of("0.5", 32, 48, (16, 16), seed=10)
+    w = torch.randn(layout.nnz, 16, 16)
+    for tokens in (3, 4, 5):
+        block_sparse_linear(torch.randn(tokens, 48), w, None, layout)
+    assert len(calls) <= 1
+    with pytest.raises(TypeError, match="use one dtype"):
+        block_sparse_linear(torch.randn(3, 48, dtype=torch.float64), w, None, layout)
+    with pytest.raises(ValueError, match="in_features = 48"):
+        block_sparse_linear(torch.randn(3, 47), w, None, layout)
+    with pytest.raises(TypeError, match="must be a tensor"):
+        block_sparse_linear([1.0] * 48, w, None, layout)
+    with pytest.raises(TypeError, match="BlockSparseLayout"):
+        block_sparse_linear(torch.randn(3, 48), w, None, "layout")

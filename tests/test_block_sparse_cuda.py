@@ -115,18 +115,21 @@ def test_the_module_on_cuda_and_deterministic_grads():
 
 @pytest.fixture
 def launches(monkeypatch):
-    """The names of the kernels launched (``triton_impl._launch``'s first argument)."""
+    """The names of the kernels launched (``triton_impl.KERNELS``' keys), every call planned anew."""
+    from opforge.kernels import triton_launch
     from opforge.kernels.block_sparse import triton_impl
 
     seen = []
-    real = triton_impl._launch
+    real = triton_launch.Plan.__call__
 
-    def spy(which, *args, **kw):
-        seen.append(which)
-        return real(which, *args, **kw)
+    def spy(plan, prefix, device):
+        seen.extend(name for name, k in triton_impl.KERNELS.items() if k is plan.kernel)
+        return real(plan, prefix, device)
 
-    monkeypatch.setattr(triton_impl, "_launch", spy)
-    return seen
+    triton_impl.forget_plans()
+    monkeypatch.setattr(triton_launch.Plan, "__call__", spy)
+    yield seen
+    triton_impl.forget_plans()
 
 
 def test_hopper_takes_the_copy_engine_for_aligned_operands(launches):

@@ -1,5 +1,6 @@
 """The tables ``opforge bench`` prints: one per family and device, a row per case, the median
-time of each implementation with its spread, then opforge's speedup over each peer.
+time of each implementation with its spread (on a GPU, with the host's time to issue a call),
+then opforge's speedup over each peer.
 
 ``lines(family)`` makes the cells (pure: testable without a terminal); ``show`` prints them
 with rich, which draws plain text when stdout is not a terminal.
@@ -20,6 +21,8 @@ def time_cell(r: Row | None) -> str:
         return "error"
     q1, q3 = r.timing.quartiles
     cell = f"{format_seconds(r.median)} ±{(q3 - q1) / 2 / r.median * 100:.0f}%"
+    if r.timing.host_median is not None:
+        cell += f" (host {format_seconds(r.timing.host_median)})"
     if r.check is not None and not r.check.ok:
         cell += " WRONG"
     return cell

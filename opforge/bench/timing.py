@@ -10,8 +10,10 @@ their min, max and quartiles.
 
 On a GPU, the batch is timed with CUDA events on the current stream, after a synchronize
 and, unless ``flush`` is off, after the L2 cache was overwritten (a buffer of twice its
-size zeroed), so every implementation starts from the same cache state. On the CPU, the
-host's monotonic clock (``time.perf_counter``).
+size zeroed), so every implementation starts from the same cache state. The host's time to
+issue the batch (``time.perf_counter`` around the calls, no sync inside) is kept beside it:
+the host µs per call, which bounds a loop of small calls however fast the GPU is. On the CPU,
+the host's monotonic clock (``time.perf_counter``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ class Timing:
     samples: tuple[float, ...]
     calls: int
     """Calls per sample (the batch size)."""
+    host_samples: tuple[float, ...] = ()
+    """GPU: the host's seconds per call to issue each batch (no sync inside); empty on the CPU."""
+
+    @property
+    def host_median(self) -> float | None:
+        return statistics.median(self.host_samples) if self.host_samples else None
 
     @property
     def median(self) -> float:
@@ -63,7 +71,7 @@ class Timing:
         q1, q3 = self.quartiles
         return {"median_s": self.median, "min_s": self.min, "max_s": self.max, "q1_s": q1, "q3_s": q3,
                 "spread": self.spread, "repeats": len(self.samples), "calls": self.calls,
-                "samples_s": list(self.samples)}
+                "samples_s": list(self.samples), "host_median_s": self.host_median}
 
 
 @dataclass(frozen=True)
@@ -94,23 +102,25 @@ class Clock:
     def cuda(self) -> bool:
         return self.device.type == "cuda"
 
-    def batch(self, fn: Callable[[], object], k: int) -> float:
-        """Seconds for ``k`` calls of ``fn``."""
+    def batch(self, fn: Callable[[], object], k: int) -> tuple[float, float | None]:
+        """Seconds for ``k`` calls of ``fn``, and on a GPU the host's seconds to issue them."""
         if not self.cuda:
             t0 = time.perf_counter()
             for _ in range(k):
                 fn()
-            return time.perf_counter() - t0
+            return time.perf_counter() - t0, None
         torch.cuda.synchronize(self.device)
         if self.flush:
             self._flush()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        t0 = time.perf_counter()
         for _ in range(k):
             fn()
+        host = time.perf_counter() - t0
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) / 1e3
+        return start.elapsed_time(end) / 1e3, host
 
     def _flush(self) -> None:
         if self._scratch is None:
@@ -131,15 +141,19 @@ def measure(fns: dict[str, Callable[[], object]], device: torch.device, plan: Pl
     for name, fn in fns.items():
         for _ in range(plan.warmup):
             fn()
-        trial = clock.batch(fn, 1)
+        trial, _ = clock.batch(fn, 1)
         sizes[name] = max(1, min(MAX_CALLS, int(plan.target_s / max(trial, 1e-9))))
     samples: dict[str, list[float]] = {name: [] for name in fns}
+    hosts: dict[str, list[float]] = {name: [] for name in fns}
     names = list(fns)
     for r in range(plan.repeats):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
-            samples[name].append(clock.batch(fns[name], sizes[name]) / sizes[name])
-    return {name: Timing(tuple(samples[name]), sizes[name]) for name in names}
+            t, host = clock.batch(fns[name], sizes[name])
+            samples[name].append(t / sizes[name])
+            if host is not None:
+                hosts[name].append(host / sizes[name])
+    return {name: Timing(tuple(samples[name]), sizes[name], tuple(hosts[name])) for name in names}
 
 
 def format_seconds(s: float | None) -> str:

@@ -3,7 +3,7 @@
 Besides the published entries, a cache holds the things builds leave around them
 (:func:`leftovers`): the persistent ninja build dirs (a failed build's objects stay there: one
 such dir held 750 MB), remembered build failures, ``load_inline``'s generated sources, the
-shared precompiled headers, and the staging dirs of killed processes. Listing shows them with
+shared precompiled headers, the tuned Triton configs, and the staging dirs of killed processes. Listing shows them with
 their size; cleaning removes them, by age too.
 
 Removal renames an entry out of the way before deleting it, so a process that is loading
@@ -22,6 +22,9 @@ from ..errors import UnsafeCacheError
 from . import cache, failures
 from .cache import Entry
 from .lock import held
+
+TUNING_DIR = ".tuning"
+"""Where ``kernels/tuning.py`` keeps tuned configs (it names this dir; the engine can't import it)."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,7 @@ def leftovers(root: str, name: str | None = None) -> list[Leftover]:
                     out.append(_leftover(ext, "staging", path, "left by a process that was killed"))
             except OSError:  # removed meanwhile
                 continue
+    out += _tuned(root, name)
     if name is None:
         base = os.path.join(root, ".pch")
         try:
@@ -172,6 +176,26 @@ def leftovers(root: str, name: str | None = None) -> list[Leftover]:
     return out
 
 
+def _tuned(root: str, name: str | None) -> list[Leftover]:
+    """The tuned Triton configs (``kernels/tuning.py``): one dir per family and fingerprint."""
+    out = []
+    for family in _names(os.path.join(root, TUNING_DIR), name):
+        base = os.path.join(root, TUNING_DIR, family)
+        try:
+            items = sorted(os.listdir(base))
+        except OSError:
+            continue
+        for item in items:
+            path = os.path.join(base, item)
+            try:
+                if not item.startswith(".") and os.path.isdir(path):
+                    n = sum(f.endswith(".json") for f in os.listdir(path))
+                    out.append(_leftover(family, "tuned configs", path, f"{n} Triton configs, tuned once"))
+            except OSError:
+                continue
+    return out
+
+
 def _names(root: str, name: str | None) -> list[str]:
     try:
         names = sorted(os.listdir(root)) if name is None else [name]
@@ -182,7 +206,7 @@ def _names(root: str, name: str | None) -> list[str]:
 
 def known(root: str, name: str) -> bool:
     """Does the cache hold anything of extension ``name``?"""
-    return name in _names(root, name)
+    return name in _names(root, name) or name in _names(os.path.join(root, TUNING_DIR), name)
 
 
 def _discard_if_idle(path: str) -> bool:

@@ -53,6 +53,7 @@ class BlockSparseLinear(nn.Module):
         self.weight_blocks = nn.Parameter(torch.empty(layout.nnz, *layout.block_shape, **kw))
         self.bias = nn.Parameter(torch.empty(self.out_features, **kw)) if bias else None
         self.reset_parameters(generator)
+        layout.indices(self.weight_blocks.device)
 
     @property
     def layout(self) -> BlockSparseLayout:
@@ -75,6 +76,13 @@ class BlockSparseLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return block_sparse_linear(x, self.weight_blocks, self.bias, self._layout)
+
+    def _apply(self, fn, *args, **kwargs):
+        """``.to()``, ``.cuda()``, ...: the layout's indices are built on the new device now, not in
+        the first call (which may be traced by torch.compile)."""
+        out = super()._apply(fn, *args, **kwargs)
+        self._layout.indices(self.weight_blocks.device)
+        return out
 
     # -- conversions --
 
@@ -114,6 +122,7 @@ class BlockSparseLinear(nn.Module):
                                   f"block_shape")
                 return
             self._layout = BlockSparseLayout(mask, self.block_shape)
+            self._layout.indices(self.weight_blocks.device)
             self.layout_mask = self._layout.mask.to(self.layout_mask.device)
             self.weight_blocks = nn.Parameter(self.weight_blocks.new_empty(self._layout.nnz, *self.block_shape),
                                               requires_grad=self.weight_blocks.requires_grad)

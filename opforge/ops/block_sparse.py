@@ -163,32 +163,89 @@ def block_sparse_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | N
     >>> block_sparse_linear(torch.ones(1, 4), torch.ones(2, 1, 2), None, lay)
     tensor([[2., 2.]])
     """
-    check(x, w, bias, layout)
+    try:
+        seen = (type(x), x.dtype, x.device, x.shape[-1] if x.ndim else None, type(w), w.dtype, w.device, w.shape,
+                None if bias is None else (type(bias), bias.dtype, bias.device, bias.shape), layout.signature)
+    except AttributeError:  # not a tensor, or not a layout: check says which
+        seen = None
+    if seen is None or seen not in _CHECKED:
+        check(x, w, bias, layout)
+        if seen is not None:
+            if len(_CHECKED) > 4096:
+                _CHECKED.clear()
+            _CHECKED.add(seen)
     out_features, in_features = layout.shape
     idx = layout.indices(x.device)
-    x2 = x.reshape(-1, in_features)
-    if _direct(x, w, bias):
+    x2 = x if x.ndim == 2 else x.reshape(-1, in_features)
+    route = _route(x, w, bias)
+    if route == _KERNEL:
         y = _kernel(x).forward(x2.contiguous(), w.contiguous(), None if bias is None else bias.contiguous(),
                                idx.rows, idx.cols, idx.row_ptr, out_features)
+    elif route == _FUNCTION:
+        y = _Linear.apply(x2.contiguous(), w.contiguous(), None if bias is None else bias.contiguous(), idx,
+                          out_features, _kernel(x))
     else:
         y = torch.ops.opforge.block_sparse_mm(x2, w, bias, *idx, out_features)
-    return y.view(*x.shape[:-1], out_features)
+    return y if x.ndim == 2 else y.view(*x.shape[:-1], out_features)
 
+
+_CHECKED: set = set()
+"""What ``check`` passed: (types, dtypes, devices, in_features, w's and bias's shapes, the layout's
+signature). A call like one already checked is not checked again; anything else is."""
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+_KERNEL, _FUNCTION, _OP = 0, 1, 2
 
 
-def _direct(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether a call may go straight to the kernel: plain tensors, outside torch.compile, no
-    gradient to record (inference, ``torch.no_grad``). The custom op's Python dispatch costs tens
-    of microseconds a call, as much as a small matmul's kernel; it stays for autograd, fake and
-    subclassed tensors, and tracing, where the op is what they see."""
+def _route(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> int:
+    """How a call runs. The custom op's Python dispatch and its registered autograd cost tens of
+    microseconds a call, as much as a small matmul's kernel, so with plain tensors outside
+    torch.compile a call goes straight to the kernel (no gradient to record: inference,
+    ``torch.no_grad``) or through ``_Linear``, a lean ``autograd.Function`` over the same kernels.
+    The op stays for fake and subclassed tensors and for tracing, where the op is what they see."""
     if type(x) not in _PLAIN or type(w) not in _PLAIN or (bias is not None and type(bias) not in _PLAIN):
-        return False
+        return _OP
     if torch.compiler.is_compiling():
-        return False
-    return not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
-                                             or (bias is not None and bias.requires_grad)))
+        return _OP
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (bias is not None and bias.requires_grad)):
+        return _FUNCTION
+    return _KERNEL
+
+
+class _Linear(torch.autograd.Function):
+    """``block_sparse_mm`` with its gradients, for eager autograd without the custom op's
+    dispatch: the backward calls the kernels' ``grad_input`` and ``grad_weight`` directly. A
+    backward that is itself recorded (``create_graph=True``) runs the custom ops instead, whose
+    derivatives are registered, so gradients of any order still work. The old-style ``forward(ctx,
+    ...)`` on purpose: with ``setup_context``, every ``apply`` binds its arguments through
+    ``inspect.signature`` (tens of µs a call on the H100 host). (torch.func transforms run
+    neither this nor the custom op, whose registered autograd is an old-style Function too.)"""
+
+    @staticmethod
+    def forward(ctx, x, w, bias, idx, out_features, impl):
+        ctx.save_for_backward(x, w)
+        ctx.idx, ctx.impl, ctx.has_bias = idx, impl, bias is not None
+        return impl.forward(x, w, bias, idx.rows, idx.cols, idx.row_ptr, out_features)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        idx = ctx.idx
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dy = dy.contiguous()
+        dx = dw = None
+        if torch.is_grad_enabled():  # create_graph: differentiable ops
+            if need_x:
+                dx = torch.ops.opforge.block_sparse_mm_t(dy, w, *idx, x.shape[1])
+            if need_w:
+                dw = torch.ops.opforge.block_sparse_sddmm(dy, x, *idx, w.shape[1], w.shape[2])
+        else:
+            if need_x:
+                dx = ctx.impl.grad_input(dy, w, idx.rows, idx.cols, idx.col_ptr, idx.col_order, x.shape[1])
+            if need_w:
+                dw = ctx.impl.grad_weight(dy, x, idx.rows, idx.cols, idx.row_ptr, w.shape[1], w.shape[2])
+        db = dy.sum(0) if need_b and ctx.has_bias else None
+        return dx, dw, db, None, None, None
 
 
 __all__ = ["block_sparse_linear", "check"]

@@ -93,6 +93,8 @@ class BlockSparseLayout:
         # Built now, on the CPU: under torch.compile, reading the mask's values would be data-dependent.
         cpu = self._build()
         self._nnz = int(cpu.rows.numel())
+        self.signature = (self.shape, self.block_shape, self._nnz)
+        """What a check of arguments against this layout depends on (``ops.block_sparse``)."""
         self._indices: dict[torch.device, Indices] = {torch.device("cpu"): cpu}
         self._lock = threading.Lock()
 
@@ -160,6 +162,9 @@ class BlockSparseLayout:
         """The kernels' indices on ``device``, built once per device."""
         device = torch.device(device)
         found = self._indices.get(device)
+        if found is None and torch.compiler.is_compiling():
+            # traced (no lock there): a copy in the graph; BlockSparseLinear builds them when it moves
+            return Indices(*(t.to(device) for t in self._indices[torch.device("cpu")]))
         if found is None:
             with self._lock:
                 found = self._indices.get(device)

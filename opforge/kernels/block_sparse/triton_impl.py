@@ -2,7 +2,9 @@
 
 * ``forward``: a program per (block-row ``r``, tile of ``BLOCK_M`` tokens) accumulates, over the
   block-row's kept blocks (CSR: ``row_ptr``, ``cols``), ``x[tile, cols[k]] @ w[k]ᵀ`` in fp32 on
-  the tensor cores, adds the bias and stores its ``(BLOCK_M, bh)`` tile of ``y`` once.
+  the tensor cores, adds the bias and stores its ``(BLOCK_M, bh)`` tile of ``y`` once. At
+  decode sizes (``decode_split``) several programs share a block-row's blocks; the last of them
+  to finish adds their fp32 partial sums, in the same launch.
 * ``grad_input``: the same over block-columns (CSC: ``col_ptr``, ``col_order``),
   ``dy[tile, rows[k]] @ w[k]`` into a ``(BLOCK_M, bw)`` tile of ``dx``.
 * ``grad_weight``: a program per (up to ``G = 128 / bw`` consecutive kept blocks of one
@@ -15,8 +17,10 @@ Programs are ordered in groups (``_tile``): 8 consecutive tiles of tokens walk e
 (column) together, so their tokens stay in L2 and each block of ``w`` is read once per group.
 Empty block-rows (columns) store zeros (plus the bias). fp16 and bf16 take the tensor cores
 with fp32 accumulation; fp32 follows ``torch.backends.cuda.matmul.allow_tf32`` as torch's
-own matmul does (IEEE fp32 by default). Each kernel is autotuned per (block shape, dtype,
-size class). Other dtypes, block sides and devices run the torch path (``supported``).
+own matmul does (IEEE fp32 by default). Each kernel is tuned once per (block shape, dtype,
+size class), the winner kept in opforge's cache, and launched without triton's per-call
+tuning and JIT work (``kernels/triton_launch.py``). Other dtypes, block sides and devices run
+the torch path (``supported``).
 
 On Hopper and newer, the forward and the input gradient bring their operands in with the copy
 engine (TMA, triton's host descriptors) when the operands are contiguous and start on 16 bytes
@@ -36,6 +40,7 @@ import torch
 from ..triton_compat import TensorDescriptor, triton
 from . import reference
 from .layout import BLOCK_SIZES
+from ..triton_launch import Plan, TunedKernel
 from .triton_kernels import _dw_kernel, _dx_kernel, _dx_tma_kernel, _fwd_kernel, _fwd_tma_kernel
 
 
@@ -52,52 +57,34 @@ _M_TILES = ((256, 64, 8, 7), (128, 64, 4, 5), (128, 64, 4, 7), (128, 64, 4, 9), 
             (16, 64, 4, 4), (16, 16, 4, 5))
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:
+    """The next power of two >= n (triton.next_power_of_2, without its constexpr wrapper's µs)."""
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
 def _buffers(stages: int) -> int:
     return max(2, (stages + 1) // 2)
 
 
-def _m_configs(pre_hook=None):
-    return [triton.Config({"BLOCK_M": m, "BLOCK_K": k, "GROUP_M": 8}, num_warps=w, num_stages=st, pre_hook=pre_hook)
+def _m_configs():
+    return [triton.Config({"BLOCK_M": m, "BLOCK_K": k, "GROUP_M": 8}, num_warps=w, num_stages=st)
             for m, k, w, st in _M_TILES]
 
 
-def _boxes(a: str, b: str, b_is_transposed: bool):
-    """Config pre-hook: the TMA boxes of the two operands' descriptors for this config's tile."""
-    def hook(nargs):
-        m, k = nargs["BLOCK_M"], nargs["BLOCK_K"]
-        nargs[a].block_shape = [m, k]
-        nargs[b].block_shape = [nargs["BH"], k] if b_is_transposed else [k, nargs["BW"]]
-    return hook
-
-
-def _arg(name, named_args, kwargs):
-    return named_args[name] if name in named_args else kwargs[name]
-
-
-def _prune_for(k_side: str, n_side: str, out: str):
-    def prune(configs, named_args, **kwargs):
-        """Tiles no taller than the tokens (rounded up to 16), a K step that divides the block,
-        buffers that fit in shared memory."""
-        tokens = _arg("T", named_args, kwargs)
-        kb, nb = _arg(k_side, named_args, kwargs), _arg(n_side, named_args, kwargs)
-        size = _arg(out, named_args, kwargs).element_size()
-        cap = max(16, triton.next_power_of_2(tokens))
-        kept = [c for c in configs if c.kwargs["BLOCK_M"] <= cap and c.kwargs["BLOCK_K"] <= kb
-                and (c.kwargs["BLOCK_M"] + nb) * c.kwargs["BLOCK_K"] * size * _buffers(c.num_stages) <= 200 * 1024]
-        if not kept:  # no config fits: the smallest tile, its K step cut to the block
-            small = min(configs, key=lambda c: (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]))
-            kept = [triton.Config({**small.kwargs, "BLOCK_K": min(kb, small.kwargs["BLOCK_K"])},
-                                  num_warps=small.num_warps, num_stages=small.num_stages, pre_hook=small.pre_hook)]
-        return kept
-    return prune
+def _m_fits(c, tokens: int, k_block: int, n_block: int, size: int) -> bool:
+    """A tile no taller than the tokens (rounded up to 16), a K step that divides the block,
+    buffers that fit in shared memory."""
+    m, k = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]
+    return (m <= max(16, _pow2(tokens)) and k <= k_block
+            and (m + n_block) * k * size * _buffers(c.num_stages) <= 200 * 1024)
 
 
 def _bucket(t: int) -> int:
-    return min(65536, triton.next_power_of_2(max(1, t)))
-
-
-def _l2_bytes(device: torch.device) -> int:
-    return _properties(device.index if device.index is not None else torch.cuda.current_device()).L2_cache_size
+    return min(65536, _pow2(max(1, t)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -106,15 +93,9 @@ def _properties(index: int):
     return torch.cuda.get_device_properties(index)
 
 
-def _l2_rows(device: torch.device, row_bytes: int) -> int:
-    """Rows of the streamed operand (x in the forward, dy in grad_input) that fit in half of L2:
-    a group of token tiles holds no more (``_tile``), so it stays in L2 while it walks every line."""
-    return max(1, _l2_bytes(device) // 2 // max(1, row_bytes))
-
-
 def _depth(nnz: int, lines: int) -> int:
-    """Blocks per line, as a power of two: part of the autotuning key (short lines want other tiles)."""
-    return triton.next_power_of_2(max(1, nnz // max(1, lines)))
+    """Blocks per line, as a power of two: part of the tuning key (short lines want other tiles)."""
+    return _pow2(max(1, nnz // max(1, lines)))
 
 
 def _dw_configs():
@@ -122,32 +103,39 @@ def _dw_configs():
             for t, w, s in ((32, 4, 3), (64, 4, 3), (64, 8, 3), (128, 8, 3), (64, 4, 4), (64, 8, 5), (128, 4, 3))]
 
 
-def _dw_prune(configs, named_args, **kwargs):
-    bh, bw, g = _arg("BH", named_args, kwargs), _arg("BW", named_args, kwargs), _arg("G", named_args, kwargs)
-    size = _arg("x_ptr", named_args, kwargs).element_size()
-    kept = [c for c in configs if c.kwargs["BLOCK_T"] * (bh + g * bw) * size * c.num_stages <= 200 * 1024]
-    return kept or [min(configs, key=lambda c: c.kwargs["BLOCK_T"])]
+def _dw_fits(c, bh: int, bw: int, g: int, size: int) -> bool:
+    return c.kwargs["BLOCK_T"] * (bh + g * bw) * size * c.num_stages <= 200 * 1024
 
 
-_TUNED = {} if triton is None else {
-    "fwd": triton.autotune(configs=_m_configs(), key=["T_BUCKET", "BH", "BW", "N_OUT", "L2_ROWS", "DEPTH", "SPLIT",
-                                                      "HAS_BIAS"],
-                           prune_configs_by={"early_config_prune": _prune_for("BW", "BH", "y_ptr")})(_fwd_kernel),
-    "dx": triton.autotune(configs=_m_configs(), key=["T_BUCKET", "BH", "BW", "N_IN", "L2_ROWS", "DEPTH"],
-                          prune_configs_by={"early_config_prune": _prune_for("BH", "BW", "dx_ptr")})(_dx_kernel),
-    "fwd_tma": triton.autotune(configs=_m_configs(_boxes("x_desc", "w_desc", True)),
-                               key=["T_BUCKET", "BH", "BW", "N_OUT", "L2_ROWS", "DEPTH", "HAS_BIAS"],
-                               prune_configs_by={"early_config_prune": _prune_for("BW", "BH", "y_ptr")})(_fwd_tma_kernel),
-    "dx_tma": triton.autotune(configs=_m_configs(_boxes("dy_desc", "w_desc", False)),
-                              key=["T_BUCKET", "BH", "BW", "N_IN", "L2_ROWS", "DEPTH"],
-                              prune_configs_by={"early_config_prune": _prune_for("BH", "BW", "dx_ptr")})(_dx_tma_kernel),
-    "dw": triton.autotune(configs=_dw_configs(), key=["T_BUCKET", "BH", "BW", "G", "SPLIT"],
-                          prune_configs_by={"early_config_prune": _dw_prune})(_dw_kernel),
+FAMILY = "block_sparse_triton"
+"""The tuned configs' family in opforge's cache (``kernels/tuning.py``): the extension's name."""
+
+KERNELS = {} if triton is None else {
+    "fwd": TunedKernel(FAMILY, _fwd_kernel, _m_configs()),
+    "dx": TunedKernel(FAMILY, _dx_kernel, _m_configs()),
+    "fwd_tma": TunedKernel(FAMILY, _fwd_tma_kernel, _m_configs()),
+    "dx_tma": TunedKernel(FAMILY, _dx_tma_kernel, _m_configs()),
+    "dw": TunedKernel(FAMILY, _dw_kernel, _dw_configs()),
 }
+"""Each kernel with its candidate configs and the ones chosen (``kernels/triton_launch.py``)."""
 
 
-def _launch(which: str, grid, *args, **kw):
-    return _TUNED[which][grid](*args, **kw)
+_COUNTS: dict = {}
+_OLD_COUNTS: list = []
+
+
+def _counts(device: int, needed: int) -> torch.Tensor:
+    """The decode split's arrival counts (``_fwd_kernel``): int32 zeros, one buffer per (device,
+    stream), since launches on one stream run in order and each leaves its counts at zero. A
+    buffer outgrown is kept, not freed: a captured CUDA graph may still use it."""
+    stream = triton.runtime.driver.active.get_current_stream(device)
+    buf = _COUNTS.get((device, stream))
+    if buf is None or buf.numel() < needed:
+        if buf is not None:
+            _OLD_COUNTS.append(buf)
+        buf = _COUNTS[(device, stream)] = torch.zeros(max(4096, 2 * needed), dtype=torch.int32,
+                                                      device=torch.device("cuda", device))
+    return buf
 
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -157,10 +145,6 @@ def supported(t: torch.Tensor, bh: int, bw: int) -> bool:
     """What the kernels take: CUDA tensors of a kernel dtype, block sides of 16, 32, 64 or 128
     (tl.dot needs 16 or more, tl.arange powers of two). Anything else runs ``reference.py``."""
     return t.is_cuda and t.dtype in KERNEL_DTYPES and bh in BLOCK_SIZES and bw in BLOCK_SIZES
-
-
-def _sms(device: torch.device) -> int:
-    return _properties(device.index if device.index is not None else torch.cuda.current_device()).multi_processor_count
 
 
 @functools.lru_cache(maxsize=None)
@@ -187,17 +171,8 @@ def tma_ready(tokens: int, *tensors: torch.Tensor) -> bool:
                for t in tensors)
 
 
-def _descriptor(t: torch.Tensor):
-    return TensorDescriptor.from_tensor(t, [16, 16])  # boxes: set per config (_boxes)
-
-
-def _streamed(a: torch.Tensor, w: torch.Tensor, lines: int):
-    """What fwd and grad_input share: the blocks as one (nnz * bh, bw) matrix (the TMA view), the
-    autotuning key's size class of the streamed operand ``a`` (x or dy): its token bucket, the
-    rows of it that fit in half of L2, the blocks per line; and whether TMA takes them."""
-    w2 = w.reshape(-1, w.shape[2])
-    key = (_bucket(a.shape[0]), _l2_rows(a.device, a.shape[1] * a.element_size()), _depth(w.shape[0], lines))
-    return w2, key, tma_ready(a.shape[0], a, w2)
+def _descriptor(t: torch.Tensor, box: list):
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), box)
 
 
 def decode_split(tokens: int, out_features: int, grid_r: int, nnz: int, sms: int, l2_bytes: int) -> int:
@@ -224,73 +199,208 @@ def decode_split(tokens: int, out_features: int, grid_r: int, nnz: int, sms: int
     return max(1, min(want, -(-nnz // grid_r), affordable))
 
 
+# -- plans: each call shape is sized, tuned and compiled once (kernels/triton_launch.py) --
+
+# _FWD, _DX, _DW: (shapes, dtypes, device, the inputs' 16-byte alignment and contiguity, TF32) ->
+# a ``Plan``, or ``_REFERENCE`` (the torch path takes the call). The key holds everything a plan's
+# sizing, config and compiled kernel depend on; a call's own tensors (and outputs) go in at
+# launch, so a plan never holds a pointer or a descriptor of an earlier call.
+_REFERENCE = "reference"
+_MAX_PLANS = 4096
+_TMA, _SPLIT, _PLAIN = "tma", "split", "plain"
+
+
+def _tf32(dtype: torch.dtype) -> bool:
+    return dtype is torch.float32 and torch.backends.cuda.matmul.allow_tf32
+
+
+def _facts(device: torch.device) -> tuple[int, int, bool]:
+    """(SMs, L2 bytes, TMA) of a CUDA device, read once."""
+    found = _DEVICES.get(device.index)
+    if found is None:
+        props = _properties(device.index)
+        found = _DEVICES[device.index] = (props.multi_processor_count, props.L2_cache_size, _has_tma(device.index))
+    return found
+
+
+_DEVICES: dict = {}
+
+
+def _plan(which: str, key: tuple, device: int, build, keep, facts=None) -> Plan:
+    """Choose ``which``'s config for the tuning ``key`` (remembered, cached, or tuned, launching
+    ``build(choice) -> (grid, prefix, consts)``) and make the plan."""
+    kernel = KERNELS[which]
+    choice = kernel.choose(key, device, lambda c: _joined(build(c)), keep)
+    grid, _, consts = build(choice)
+    return Plan(kernel, choice, grid, consts, facts if facts is not None else which)
+
+
+def _joined(built):
+    grid, prefix, consts = built
+    return grid, prefix + consts
+
+
 def forward(x, w, bias, rows, cols, row_ptr, out_features: int):
-    nnz, bh, bw = w.shape
-    if not supported(x, bh, bw):
+    key = (x.shape, w.shape, out_features, x.dtype, w.dtype, None if bias is None else bias.dtype, x.device,
+           x.data_ptr() % 16, w.data_ptr() % 16, None if bias is None else bias.data_ptr() % 16,
+           cols.data_ptr() % 16, row_ptr.data_ptr() % 16, x.is_contiguous(), w.is_contiguous(), _tf32(x.dtype))
+    plan = _FWD.get(key)
+    if plan is None:
+        if len(_FWD) > _MAX_PLANS:
+            _FWD.clear()
+        plan = _FWD[key] = _forward_plan(x, w, bias, cols, row_ptr, out_features)
+    if plan is _REFERENCE:
         return reference.forward(x, w, bias, rows, cols, row_ptr, out_features)
-    tokens, in_features = x.shape
-    y = torch.empty(tokens, out_features, dtype=x.dtype, device=x.device)
-    if tokens == 0:
-        return y
-    grid_r = out_features // bh
-    w2, key, tma = _streamed(x, w, grid_r)
-    if tma:  # more tokens than a decode split takes (TMA_MIN_TOKENS)
-        grid = lambda meta: (grid_r * triton.cdiv(tokens, meta["BLOCK_M"]),)  # noqa: E731
-        _launch("fwd_tma", grid, _descriptor(x), _descriptor(w2), bias if bias is not None else w, y, cols, row_ptr,
-                tokens, out_features, *key, BH=bh, BW=bw, HAS_BIAS=bias is not None, PRECISION=_precision(x.dtype))
-        return y
-    split = decode_split(tokens, out_features, grid_r, nnz, _sms(x.device), _l2_bytes(x.device))
-    out = y if split == 1 else torch.empty(split, tokens, out_features, dtype=torch.float32, device=x.device)
-    grid = lambda meta: (grid_r * triton.cdiv(tokens, meta["BLOCK_M"]), split)  # noqa: E731
-    _launch("fwd", grid, x, w, bias if bias is not None else w, out, cols, row_ptr, tokens, in_features,
-            out_features, *key, split, BH=bh, BW=bw, HAS_BIAS=bias is not None, PARTIAL=split > 1,
-            PRECISION=_precision(x.dtype))
-    if split > 1:
-        total = out.sum(0)
-        if bias is not None:
-            total += bias.float()
-        y.copy_(total)
+    y = torch.empty(x.shape[0], out_features, dtype=x.dtype, device=x.device)
+    plan(_fwd_prefix(plan.facts, x, w, bias if bias is not None else w, y, cols, row_ptr), x.device.index)
     return y
 
 
-def grad_input(dy, w, rows, cols, col_ptr, col_order, in_features: int):
+def _fwd_prefix(facts, x, w, b, y, cols, row_ptr) -> tuple:
+    """A forward launch's leading arguments: this call's tensors (and fresh split buffers)."""
+    kind = facts[0]
+    if kind is _TMA:
+        return _descriptor(x, facts[1]), _descriptor(w.view(-1, w.shape[2]), facts[2]), b, y, cols, row_ptr
+    if kind is _SPLIT:
+        part = torch.empty(facts[1], x.shape[0], y.shape[1], dtype=torch.float32, device=x.device)
+        return x, w, b, y, part, _counts(x.device.index, facts[2]), cols, row_ptr
+    return x, w, b, y, y, row_ptr, cols, row_ptr  # part and counts: not read
+
+
+def _forward_plan(x, w, bias, cols, row_ptr, out_features):
     nnz, bh, bw = w.shape
-    if not supported(dy, bh, bw):
+    tokens, in_features = x.shape
+    if not supported(x, bh, bw) or tokens == 0:
+        return _REFERENCE  # tokens == 0: an empty y, which the torch path makes too
+    sms, l2, has_tma = _facts(x.device)
+    grid_r = out_features // bh
+    w2 = w.view(-1, bw)
+    key = (_bucket(tokens), max(1, l2 // 2 // max(1, in_features * x.element_size())), _depth(nnz, grid_r))
+    dev, prec, has_bias, size = x.device.index, _precision(x.dtype), bias is not None, x.element_size()
+    b = bias if has_bias else w
+    y = torch.empty(tokens, out_features, dtype=x.dtype, device=x.device)  # for tuning runs
+    if has_tma and tma_ready(tokens, x, w2):  # more tokens than a decode split takes (TMA_MIN_TOKENS)
+        def build(c):
+            m, k = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]
+            facts = (_TMA, [m, k], [bh, k])
+            return ((grid_r * _cdiv(tokens, m),), _fwd_prefix(facts, x, w, b, y, cols, row_ptr),
+                    (tokens, out_features, *key, bh, bw, has_bias, prec))
+        plan = _plan("fwd_tma", ("fwd_tma", x.dtype, prec, *key, bh, bw, out_features, has_bias), dev, build,
+                     lambda c: _m_fits(c, tokens, bw, bh, size))
+        plan.facts = (_TMA, [plan.choice.kwargs["BLOCK_M"], plan.choice.kwargs["BLOCK_K"]],
+                      [bh, plan.choice.kwargs["BLOCK_K"]])
+        return plan
+    split = decode_split(tokens, out_features, grid_r, nnz, sms, l2)
+    facts = (_SPLIT, split, grid_r * _cdiv(tokens, 16)) if split > 1 else (_PLAIN,)
+
+    def build(c):
+        return ((grid_r * _cdiv(tokens, c.kwargs["BLOCK_M"]), split), _fwd_prefix(facts, x, w, b, y, cols, row_ptr),
+                (tokens, in_features, out_features, *key, split, bh, bw, has_bias, split > 1, prec))
+    return _plan("fwd", ("fwd", x.dtype, prec, *key, bh, bw, out_features, split, has_bias), dev, build,
+                 lambda c: _m_fits(c, tokens, bw, bh, size), facts)
+
+
+def grad_input(dy, w, rows, cols, col_ptr, col_order, in_features: int):
+    key = (dy.shape, w.shape, in_features, dy.dtype, w.dtype, dy.device, dy.data_ptr() % 16, w.data_ptr() % 16,
+           rows.data_ptr() % 16, col_ptr.data_ptr() % 16, col_order.data_ptr() % 16, dy.is_contiguous(),
+           w.is_contiguous(), _tf32(dy.dtype))
+    plan = _DX.get(key)
+    if plan is None:
+        if len(_DX) > _MAX_PLANS:
+            _DX.clear()
+        plan = _DX[key] = _grad_input_plan(dy, w, rows, col_ptr, col_order, in_features)
+    if plan is _REFERENCE:
         return reference.grad_input(dy, w, rows, cols, col_ptr, col_order, in_features)
-    tokens, out_features = dy.shape
-    dx = torch.empty(tokens, in_features, dtype=dy.dtype, device=dy.device)
-    if tokens == 0:
-        return dx
-    grid = lambda meta: (in_features // bw * triton.cdiv(tokens, meta["BLOCK_M"]),)  # noqa: E731
-    w2, key, tma = _streamed(dy, w, in_features // bw)
-    if tma:
-        _launch("dx_tma", grid, _descriptor(dy), _descriptor(w2), dx, rows, col_ptr, col_order, tokens, in_features,
-                *key, BH=bh, BW=bw, PRECISION=_precision(dy.dtype))
-        return dx
-    _launch("dx", grid, dy, w, dx, rows, col_ptr, col_order, tokens, out_features, in_features, *key,
-            BH=bh, BW=bw, PRECISION=_precision(dy.dtype))
+    dx = torch.empty(dy.shape[0], in_features, dtype=dy.dtype, device=dy.device)
+    plan(_dx_prefix(plan.facts, dy, w, dx, rows, col_ptr, col_order), dy.device.index)
     return dx
 
 
+def _dx_prefix(facts, dy, w, dx, rows, col_ptr, col_order) -> tuple:
+    if facts[0] is _TMA:
+        return _descriptor(dy, facts[1]), _descriptor(w.view(-1, w.shape[2]), facts[2]), dx, rows, col_ptr, col_order
+    return dy, w, dx, rows, col_ptr, col_order
+
+
+def _grad_input_plan(dy, w, rows, col_ptr, col_order, in_features):
+    nnz, bh, bw = w.shape
+    tokens, out_features = dy.shape
+    if not supported(dy, bh, bw) or tokens == 0:
+        return _REFERENCE
+    _, l2, has_tma = _facts(dy.device)
+    lines = in_features // bw
+    key = (_bucket(tokens), max(1, l2 // 2 // max(1, out_features * dy.element_size())), _depth(nnz, lines))
+    dev, prec, size = dy.device.index, _precision(dy.dtype), dy.element_size()
+    dx = torch.empty(tokens, in_features, dtype=dy.dtype, device=dy.device)  # for tuning runs
+    keep = lambda c: _m_fits(c, tokens, bh, bw, size)  # noqa: E731
+    if has_tma and tma_ready(tokens, dy, w.view(-1, bw)):
+        def build(c):
+            m, k = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]
+            return ((lines * _cdiv(tokens, m),), _dx_prefix((_TMA, [m, k], [k, bw]), dy, w, dx, rows, col_ptr,
+                                                              col_order),
+                    (tokens, in_features, *key, bh, bw, prec))
+        plan = _plan("dx_tma", ("dx_tma", dy.dtype, prec, *key, bh, bw, in_features), dev, build, keep)
+        k = plan.choice.kwargs["BLOCK_K"]
+        plan.facts = (_TMA, [plan.choice.kwargs["BLOCK_M"], k], [k, bw])
+        return plan
+
+    def build(c):
+        return ((lines * _cdiv(tokens, c.kwargs["BLOCK_M"]),),
+                _dx_prefix((_PLAIN,), dy, w, dx, rows, col_ptr, col_order),
+                (tokens, out_features, in_features, *key, bh, bw, prec))
+    return _plan("dx", ("dx", dy.dtype, prec, *key, bh, bw, in_features), dev, build, keep, (_PLAIN,))
+
+
 def grad_weight(dy, x, rows, cols, row_ptr, bh: int, bw: int):
-    if not supported(x, bh, bw):
+    key = (dy.shape, x.shape, rows.shape, bh, bw, dy.dtype, x.dtype, x.device, dy.data_ptr() % 16,
+           x.data_ptr() % 16, cols.data_ptr() % 16, row_ptr.data_ptr() % 16, _tf32(x.dtype))
+    plan = _DW.get(key)
+    if plan is None:
+        if len(_DW) > _MAX_PLANS:
+            _DW.clear()
+        plan = _DW[key] = _grad_weight_plan(dy, x, rows, cols, row_ptr, bh, bw)
+    if plan is _REFERENCE:
         return reference.grad_weight(dy, x, rows, cols, row_ptr, bh, bw)
+    split = plan.facts
+    if split == 1:  # the blocks themselves (the kernel's one slice)
+        out = torch.empty(rows.shape[0], bh, bw, dtype=x.dtype, device=x.device)
+        plan((dy, x, out, cols, row_ptr), x.device.index)
+        return out
+    out = torch.empty(split, rows.shape[0], bh, bw, dtype=torch.float32, device=x.device)
+    plan((dy, x, out, cols, row_ptr), x.device.index)
+    return out.sum(0).to(x.dtype)
+
+
+def _grad_weight_plan(dy, x, rows, cols, row_ptr, bh, bw):
+    if not supported(x, bh, bw) or rows.numel() == 0 or x.shape[0] == 0:
+        return _REFERENCE  # nothing to compute: zeros, which the torch path makes too
     tokens, in_features = x.shape
     out_features = dy.shape[1]
     nnz = rows.numel()
-    if nnz == 0 or tokens == 0:
-        return torch.zeros(nnz, bh, bw, dtype=x.dtype, device=x.device)
+    sms = _facts(x.device)[0]
     g = max(1, 128 // bw)  # blocks of a row per program: a 128-wide MMA
-    groups_per_row = triton.cdiv(in_features // bw, g)  # an upper bound: programs past a row's end exit
+    groups_per_row = _cdiv(in_features // bw, g)  # an upper bound: programs past a row's end exit
     # Enough working programs to fill the GPU twice over, each with at least 512 tokens.
-    split = max(1, min(triton.cdiv(2 * _sms(x.device), triton.cdiv(nnz, g)), tokens // 512))
-    per = triton.cdiv(triton.cdiv(tokens, split), 128) * 128
-    split = triton.cdiv(tokens, per)
+    split = max(1, min(_cdiv(2 * sms, _cdiv(nnz, g)), tokens // 512))
+    per = _cdiv(_cdiv(tokens, split), 128) * 128
+    split = _cdiv(tokens, per)
     out = torch.empty(split, nnz, bh, bw, dtype=torch.float32 if split > 1 else x.dtype, device=x.device)
     grid = ((out_features // bh) * groups_per_row, split)
-    _launch("dw", grid, dy, x, out, cols, row_ptr, tokens, out_features, in_features, nnz, per, _bucket(tokens),
-            split, groups_per_row, BH=bh, BW=bw, G=g, PRECISION=_precision(x.dtype))
-    return out[0] if split == 1 else out.sum(0).to(x.dtype)
+    prec, bucket, size = _precision(x.dtype), _bucket(tokens), x.element_size()
+    consts = (tokens, out_features, in_features, nnz, per, bucket, split, groups_per_row, bh, bw, g, prec)
+    return _plan("dw", ("dw", x.dtype, prec, bucket, bh, bw, g, split), x.device.index,
+                 lambda c: (grid, (dy, x, out, cols, row_ptr), consts), lambda c: _dw_fits(c, bh, bw, g, size), split)
+
+
+_FWD: dict = {}
+_DX: dict = {}
+_DW: dict = {}
+
+
+def forget_plans() -> None:
+    """Plan every call shape again (tests that change how calls are planned)."""
+    for plans in (_FWD, _DX, _DW):
+        plans.clear()
 
 
 __all__ = ["forward", "grad_input", "grad_weight"]

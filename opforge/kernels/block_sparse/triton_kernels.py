@@ -33,9 +33,14 @@ def _tile(n_lines, T, L2_ROWS, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr):
 
 
 @jit
-def _fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, cols_ptr, row_ptr_ptr, T, K_IN, N_OUT, T_BUCKET, L2_ROWS, DEPTH, SPLIT,
-                BH: tl.constexpr, BW: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
-                PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+def _fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, row_ptr_ptr, T, K_IN, N_OUT, T_BUCKET,
+                L2_ROWS, DEPTH, SPLIT, BH: tl.constexpr, BW: tl.constexpr, HAS_BIAS: tl.constexpr,
+                PARTIAL: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                GROUP_M: tl.constexpr):
+    """With PARTIAL, SPLIT programs share a (block-row, token tile): each writes its fp32 partial
+    sum to ``part`` (SPLIT, T, N_OUT) and counts itself in ``count`` (an int32 per tile, zero
+    between calls); the last to arrive adds the partials in a fixed order (plus the bias),
+    stores y, and sets the count back to zero. One launch, deterministic results."""
     r, pid_m = _tile(N_OUT // BH, T, L2_ROWS, BLOCK_M, GROUP_M)
     sp = tl.program_id(1)
     KSTEPS: tl.constexpr = BW // BLOCK_K
@@ -56,13 +61,26 @@ def _fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, cols_ptr, row_ptr_ptr, T, K_IN, N_OU
         # w[kb] is (BH, BW) row-major: its columns kk.. read as a (BLOCK_K, BH) tile of its transpose
         wt = tl.load(w_ptr + kb.to(tl.int64) * (BH * BW) + (kk + offs_k)[:, None] + offs_h[None, :] * BW)
         acc = tl.dot(xt, wt, acc, input_precision=PRECISION)
-    if PARTIAL:  # fp32 partial sums, (SPLIT, T, N_OUT); the caller adds them and the bias
-        out = y_ptr + (sp.to(tl.int64) * T + offs_m.to(tl.int64))[:, None] * N_OUT + (r * BH + offs_h)[None, :]
-        tl.store(out, acc, mask=m_ok[:, None])
+    out_cols = (r * BH + offs_h)[None, :]
+    if PARTIAL:
+        rows = offs_m.to(tl.int64)[:, None]
+        tl.store(part_ptr + (sp.to(tl.int64) * T + rows) * N_OUT + out_cols, acc, mask=m_ok[:, None])
+        tl.debug_barrier()  # every thread's partial is stored before the count says so
+        tile = count_ptr + r * tl.cdiv(T, BLOCK_M) + pid_m
+        if tl.atomic_add(tile, 1, sem="acq_rel") == SPLIT - 1:  # the last one: add the partials
+            acc = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
+            for s in range(0, SPLIT):
+                acc += tl.load(part_ptr + (s * T + rows) * N_OUT + out_cols, mask=m_ok[:, None], other=0.0,
+                               cache_modifier=".cg")
+            if HAS_BIAS:
+                acc += tl.load(b_ptr + r * BH + offs_h).to(tl.float32)[None, :]
+            out = y_ptr + offs_m.to(tl.int64)[:, None] * N_OUT + out_cols
+            tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None])
+            tl.atomic_xchg(tile, 0)
     else:
         if HAS_BIAS:
             acc += tl.load(b_ptr + r * BH + offs_h).to(tl.float32)[None, :]
-        out = y_ptr + offs_m.to(tl.int64)[:, None] * N_OUT + (r * BH + offs_h)[None, :]
+        out = y_ptr + offs_m.to(tl.int64)[:, None] * N_OUT + out_cols
         tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None])
 
 
@@ -174,3 +192,4 @@ def _dw_kernel(dy_ptr, x_ptr, out_ptr, cols_ptr, row_ptr_ptr, T, N_OUT, K_IN, NN
             acc = tl.dot(gt, xt, acc, input_precision=PRECISION)
         out = out_ptr + (s.to(tl.int64) * NNZ + kj)[None, :] * (BH * BW) + offs_h[:, None] * BW + within[None, :]
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=j_ok[None, :])
+

@@ -1,0 +1,204 @@
+"""What a model sees when it swaps ``nn.Linear`` for ``BlockSparseLinear``: the host's cost of a
+call and the GPU's time, at decode, prefill and training shapes, beside dense and the peers.
+
+Usage::
+
+    python bench/block_sparse_calls.py [--tokens 16,2048,8192] [--shape 4096x4096] [--block 64]
+        [--densities 0.5,0.25,0.1] [--dtype bf16] [--calls 50] [--json FILE] [--markdown]
+
+For each (tokens, density), fwd (no grad) and fwd+bwd (``y = f(x); y.backward(dy)``, x and the
+weights requiring grad), each implementation:
+
+* **host µs**: CPU wall time of ``--calls`` calls enqueued back to back (no sync inside; the
+  GPU's queue never fills at these counts), per call, the median of 7 rounds;
+* **GPU µs back to back**: CUDA events around the same loop, per call: what a training or
+  serving loop sees, host and GPU overlapped (the larger of the two wins);
+* **graph µs** (fwd only): one call captured in a CUDA graph and replayed, the GPU's time alone.
+
+Implementations: dense ``F.linear`` on the masked dense weight (cuBLAS), ``BlockSparseLinear``
+(opforge), torchao's ``BlockSparseTensor`` through ``F.linear`` (fwd only: it has no backward;
+``bias=None`` as it requires), and torch's BSR (``bsr_dense_mm``, fwd only). A peer that is not
+installed or fails is reported as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def host_and_gpu(fn, calls: int) -> tuple[float, float]:
+    """(host s per call, GPU s per call back to back): the median of 7 rounds."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    host, gpu = [], []
+    for _ in range(7):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        host.append((time.perf_counter() - t0) / calls)
+        end.record()
+        torch.cuda.synchronize()
+        gpu.append(start.elapsed_time(end) / 1e3 / calls)
+    return statistics.median(host), statistics.median(gpu)
+
+
+def graph_time(fn, calls: int = 20) -> float | None:
+    """GPU s per call of ``fn`` captured in a CUDA graph and replayed."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(7):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / calls)
+    return statistics.median(times)
+
+
+def peers(w_dense: torch.Tensor, block: int) -> dict:
+    out = {}
+    try:
+        from torchao.sparsity.blocksparse import BlockSparseTensor
+
+        ao = BlockSparseTensor.from_dense(w_dense, block)
+        out["torchao BlockSparseTensor"] = lambda x: F.linear(x, ao, None)
+    except Exception as exc:  # noqa: BLE001 - a peer that is missing or can't run: reported
+        out["torchao BlockSparseTensor"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+    try:
+        from torch.sparse._triton_ops import bsr_dense_mm
+
+        w_bsr = w_dense.to_sparse_bsr((block, block))
+        out["torch BSR"] = lambda x: bsr_dense_mm(w_bsr, x.t()).t()
+    except Exception as exc:  # noqa: BLE001
+        out["torch BSR"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+    return out
+
+
+def case(tokens, k_in, n_out, block, density, dtype, calls) -> list[dict]:
+    from opforge.nn import BlockSparseLinear
+
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    m = BlockSparseLinear(k_in, n_out, density=density, block_shape=(block, block), device=dev, dtype=dtype)
+    w_dense = m.to_dense().detach().clone().requires_grad_()
+    b_dense = m.bias.detach().clone().requires_grad_()
+    x = torch.randn(tokens, k_in, device=dev, dtype=dtype)
+    xg = x.clone().requires_grad_()
+    dy = torch.randn(tokens, n_out, device=dev, dtype=dtype)
+    rows = []
+
+    def row(op, impl, fn, graph=True):
+        if isinstance(fn, str):
+            rows.append({"op": op, "impl": impl, "error": fn})
+            return
+        try:
+            host, gpu = host_and_gpu(fn, calls)
+            g = graph_time(fn) if graph else None
+        except Exception as exc:  # noqa: BLE001
+            rows.append({"op": op, "impl": impl, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"})
+            return
+        rows.append({"op": op, "impl": impl, "host_s": host, "gpu_s": gpu, "graph_s": g})
+
+    with torch.no_grad():
+        row("fwd", "dense F.linear", lambda: F.linear(x, w_dense, b_dense))
+        row("fwd", "opforge BlockSparseLinear", lambda: m(x))
+        for name, fn in peers(w_dense.detach(), block).items():
+            row("fwd", name, fn if isinstance(fn, str) else (lambda fn=fn: fn(x)))
+
+    def dense_step():
+        F.linear(xg, w_dense, b_dense).backward(dy)
+
+    def sparse_step():
+        m(xg).backward(dy)
+
+    row("fwd+bwd", "dense F.linear", dense_step, graph=False)
+    row("fwd+bwd", "opforge BlockSparseLinear", sparse_step, graph=False)
+    for r in rows:
+        r.update(tokens=tokens, shape=f"{k_in}x{n_out}", block=block, density=round(m.layout.density, 4),
+                 dtype=str(dtype).replace("torch.", ""))
+    return rows
+
+
+def fmt(s):
+    return "-" if s is None else f"{s * 1e6:.1f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap.add_argument("--tokens", default="16,2048,8192")
+    ap.add_argument("--shape", default="4096x4096", help="in x out")
+    ap.add_argument("--block", type=int, default=64)
+    ap.add_argument("--densities", default="0.5,0.25,0.1")
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--calls", type=int, default=50)
+    ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--markdown", action="store_true")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench/block_sparse_calls.py needs a CUDA GPU")
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    from _table import show
+
+    k_in, n_out = (int(v) for v in args.shape.split("x"))
+    info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "python": platform.python_version(), "cpu": platform.processor()}
+    try:
+        import triton
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    rows = []
+    for tokens in (int(t) for t in args.tokens.split(",")):
+        for density in (float(d) for d in args.densities.split(",")):
+            print(f"  T={tokens} density {density}", file=sys.stderr, flush=True)
+            rows += case(tokens, k_in, n_out, args.block, density, DTYPES[args.dtype], args.calls)
+    dense = {(r["tokens"], r["density"], r["op"]): r for r in rows if r["impl"] == "dense F.linear"}
+    table = []
+    for r in rows:
+        d = dense[(r["tokens"], r["density"], r["op"])]
+        ok = "error" not in r
+        vs_host = r["host_s"] / d["host_s"] if ok else None
+        vs_gpu = d["gpu_s"] / r["gpu_s"] if ok else None
+        vs_graph = d["graph_s"] / r["graph_s"] if ok and r.get("graph_s") and d.get("graph_s") else None
+        r.update(host_vs_dense=vs_host, speedup_back_to_back=vs_gpu, speedup_graph=vs_graph)
+        table.append([str(r["tokens"]), f"{r['density']:.2f}", r["op"], r["impl"],
+                      fmt(r.get("host_s")) if ok else r["error"], fmt(r.get("gpu_s")), fmt(r.get("graph_s")),
+                      f"{vs_host:.2f}×" if vs_host else "-", f"{vs_gpu:.2f}×" if vs_gpu else "-",
+                      f"{vs_graph:.2f}×" if vs_graph else "-"])
+    show(f"BlockSparseLinear calls, {args.dtype} {args.shape} block {args.block} on {info['gpu']}, "
+         f"torch {info['torch']}, triton {info.get('triton')}, {info['date']}",
+         ["T", "density", "op", "impl", "host µs", "GPU µs b2b", "graph µs", "host / dense", "speedup b2b",
+          "speedup graph"], table, left=4, markdown=args.markdown)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"info": info, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""Launching a Triton kernel with no tuning and no JIT work per call (``TunedKernel``).
+
+``triton.autotune`` and ``JITFunction.run`` redo, on every call, work whose answer rarely
+changes: build the tuning key from the arguments, prune the configs, run pre-hooks, bind the
+arguments, compute their specialization and look the compiled kernel up. On a small matmul
+that was most of the call's host time (issue 21). Here:
+
+* **The config** is chosen once per (tuning key, device) and remembered: in the process (a
+  dict lookup per call) and in opforge's cache (``tuning.py``), so a new process reads the
+  winner instead of timing the candidates again. Tuning times each candidate that ``keep``
+  allows with ``triton.testing.do_bench`` on the call's own arguments, as ``triton.autotune``
+  does. Under CUDA graph capture nothing can be timed: the first kept candidate runs, and the
+  key is tuned at its next call outside a capture. ``OPFORGE_TRITON_TUNING=off``: the first
+  candidate that fits, untimed.
+* **The compiled kernel** of a (config, device, argument specialization) is kept once the JIT
+  has built it (the first call goes through ``fn[grid](...)``), and later calls launch it
+  through its own launcher (``CompiledKernel.run``, the call ``JITFunction.run`` makes at its
+  end: the same arguments, the same order, triton 3.3 to 3.9). The specialization key
+  (``spec``) is at least as fine as triton's: each int's ``== 1`` / ``% 16`` / width, each
+  tensor's dtype and 16-byte alignment, each descriptor's dtype and box, each constexpr's value;
+  so a kept kernel only runs on arguments triton would have compiled the same kernel for.
+* While a launch hook is installed (triton's profiler, proton), calls take triton's own path,
+  so the hooks see every launch; ``OPFORGE_TRITON_DIRECT=0`` does that always.
+
+``TunedKernel.tuning_runs`` counts the keys tuned in this process (tests count them).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import threading
+from typing import Callable, NamedTuple
+
+import torch
+
+from .. import settings
+from .triton_compat import TensorDescriptor, triton
+from .tuning import TuningStore, fingerprint
+
+
+class Choice(NamedTuple):
+    """One candidate config: its index in the family's list, its meta-parameters (by name and,
+    in the kernel's parameter order, as the trailing values of a launch) and launch options."""
+
+    index: int
+    kwargs: dict
+    values: tuple
+    num_warps: int
+    num_stages: int
+
+
+def spec(args, constexprs: frozenset = frozenset()) -> tuple:
+    """What triton specializes a compiled kernel on, for these arguments (finer is fine): the
+    value of each constexpr parameter (positions in ``constexprs``) and of each bool, None or
+    string; each int's ``== 1`` / ``% 16`` / width; each tensor's dtype and 16-byte alignment;
+    each descriptor's dtype and box. (A hot loop: a launch pays it.)"""
+    out = []
+    add = out.append
+    for i, a in enumerate(args):
+        t = type(a)
+        if t is int:
+            add(a if i in constexprs else (a == 1, a % 16 == 0, -(2**31) <= a < 2**31, 0 <= a < 2**64))
+        elif t is torch.Tensor or isinstance(a, torch.Tensor):
+            add((a.dtype, a.data_ptr() % 16 == 0))
+        elif t is TensorDescriptor:  # triton keys a descriptor on its dtype and box
+            add((a.base.dtype, tuple(a.block_shape), getattr(a, "padding", None)))
+        else:  # bools, None, strings: triton keys on their value
+            add((t, a))
+    return tuple(out)
+
+
+def _hooks_active() -> bool:
+    """A launch hook (a profiler) is installed: take triton's path so it sees the launch."""
+    if not _HOOKS:
+        knobs = getattr(triton, "knobs", None)
+        if knobs is not None:
+            _HOOKS.append(knobs.runtime)
+        else:  # triton 3.3: the hooks are CompiledKernel's attributes
+            from triton.compiler import CompiledKernel
+            _HOOKS.append(CompiledKernel)
+    enter, leave = _HOOKS[0].launch_enter_hook, _HOOKS[0].launch_exit_hook
+    return bool((enter is not None and getattr(enter, "calls", True))
+                or (leave is not None and getattr(leave, "calls", True)))
+
+
+_HOOKS: list = []
+
+
+def _source_digest(fn) -> str:
+    try:
+        return fn.cache_key  # triton's hash of the kernel and the functions it calls
+    except AttributeError:
+        return inspect.getsource(fn.fn)
+
+
+class TunedKernel:
+    """One Triton kernel, its candidate configs (``triton.Config``), and the chosen ones.
+
+    ``choose(key, device, trial, keep)`` -> the ``Choice`` for the key; ``launch(choice, grid,
+    args, device)`` runs it. ``args`` are the kernel's parameters in order, all but the trailing
+    meta-parameters the configs set (which ``launch`` appends)."""
+
+    def __init__(self, family: str, fn, configs: list):
+        self.family, self.fn = family, fn
+        names = tuple(configs[0].kwargs)
+        params = tuple(fn.arg_names)
+        if params[-len(names):] != names or any(tuple(c.kwargs) != names for c in configs):
+            raise ValueError(f"{fn}: the configs' meta-parameters {names} must be the kernel's last parameters, in "
+                             f"order, and every config must set them all")
+        self.choices = [Choice(i, dict(c.kwargs), tuple(c.kwargs[n] for n in names), c.num_warps, c.num_stages)
+                        for i, c in enumerate(configs)]
+        # constexpr parameters are keyed by value (triton compiles each value apart); without the
+        # list (another triton) every int is keyed by value, which is finer still
+        self.constexprs = frozenset(getattr(fn, "constexprs", ())) if hasattr(fn, "constexprs") else None
+        self._chosen: dict[tuple, Choice] = {}
+        self._compiled: dict[tuple, object] = {}
+        self._stores: dict[int, TuningStore] = {}
+        self._lock = threading.Lock()
+        self.tuning_runs = 0
+        self.store_hits = 0
+
+    # -- the config --
+
+    def choose(self, key: tuple, device: int, trial: Callable[[Choice], tuple], keep: Callable[[Choice], bool]) \
+            -> Choice:
+        """The config for ``key`` on ``device``: remembered, else read from the cache, else tuned
+        (``trial(choice) -> (grid, args)`` builds a launch of a candidate; ``keep(choice)`` says
+        whether it may run these arguments at all)."""
+        found = self._chosen.get((device, key))
+        if found is not None:
+            return found
+        kept = [c for c in self.choices if keep(c)] or [self.choices[0]]
+        if settings.current().triton_tuning == "off":
+            self._chosen[(device, key)] = kept[0]
+            return kept[0]
+        if torch.cuda.is_current_stream_capturing():
+            return kept[0]  # nothing can be timed now; tuned at the next call outside the capture
+        store = self._store(device)
+        index = store.get(key)
+        if index is not None and 0 <= index < len(self.choices):
+            self.store_hits += 1
+            found = self.choices[index]
+        else:
+            found, ms = self._tune(kept, trial, device)
+            store.put(key, found.index, {"ms": ms, "kwargs": found.kwargs, "num_warps": found.num_warps,
+                                         "num_stages": found.num_stages, "tried": len(kept)})
+        self._chosen[(device, key)] = found
+        return found
+
+    def _store(self, device: int) -> TuningStore:
+        store = self._stores.get(device)
+        if store is None:
+            fp = fingerprint(self.family, getattr(self.fn, "__name__", str(self.fn)), _source_digest(self.fn),
+                             [(c.kwargs, c.num_warps, c.num_stages) for c in self.choices], torch.__version__,
+                             *self._facts(device))
+            store = self._stores[device] = TuningStore(settings.current().cache_dir, self.family, fp)
+        return store
+
+    def _facts(self, device: int) -> tuple:
+        """What else a winner depends on: triton's version, the device's name and capability."""
+        props = torch.cuda.get_device_properties(device)
+        return triton.__version__, props.name, (props.major, props.minor)
+
+    def _time(self, fn) -> float:
+        """Milliseconds per call of ``fn``, as ``triton.autotune`` times its candidates."""
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=5, rep=25)
+
+    def _tune(self, kept: list, trial, device: int) -> tuple[Choice, float]:
+        with self._lock:
+            self.tuning_runs += 1
+        best, best_ms, first_error = None, math.inf, None
+        for choice in kept:
+            grid, args = trial(choice)
+            try:
+                self.launch(choice, grid, args, device)  # compiles it
+                ms = self._time(lambda: self.launch(choice, grid, args, device))  # noqa: B023
+            except Exception as exc:  # noqa: BLE001 - a candidate that can't compile or run (resources) is skipped
+                first_error = first_error or exc
+                continue
+            if ms < best_ms:
+                best, best_ms = choice, ms
+        if best is None:
+            raise first_error
+        return best, best_ms
+
+    # -- the launch --
+
+    def launch(self, choice: Choice, grid: tuple, args: tuple, device: int) -> None:
+        """Run ``choice`` over ``grid`` on ``device`` (made current for the launch if it isn't)."""
+        if device != torch.cuda.current_device():
+            with torch.cuda.device(device):
+                return self.launch(choice, grid, args, device)
+        compiled = self._compiled.get((choice.index, device, self.spec(args)))
+        if compiled is None or not _direct():
+            self._jit_launch(choice, grid, args, device)
+            return
+        g1 = grid[1] if len(grid) > 1 else 1
+        g2 = grid[2] if len(grid) > 2 else 1
+        compiled.run(grid[0], g1, g2, _stream(device), compiled.function, compiled.packed_metadata, None, None,
+                     None, *args, *choice.values)
+
+    def compiled(self, choice: Choice, args: tuple, device: int):
+        """The compiled kernel that launches ``args`` with ``choice`` (None until one launch made it)."""
+        return self._compiled.get((choice.index, device, self.spec(args)))
+
+    def _jit_launch(self, choice: Choice, grid: tuple, args: tuple, device: int) -> None:
+        compiled = self.fn[grid](*args, **choice.kwargs, num_warps=choice.num_warps, num_stages=choice.num_stages)
+        if compiled is not None and hasattr(compiled, "result"):  # an async compile's future
+            compiled = compiled.result()
+        if all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
+            self._compiled[(choice.index, device, self.spec(args))] = compiled
+
+    def spec(self, args) -> tuple:
+        if self.constexprs is None:
+            return tuple((type(a), a) if type(a) is int else s for a, s in zip(args, spec(args)))
+        return spec(args, self.constexprs)
+
+
+class Plan:
+    """One call shape's launch, worked out once (``TunedKernel.choose`` and the caller's sizing):
+    the kernel and its config, the grid, and the trailing arguments that don't change between
+    calls of the shape (``consts``). ``plan(prefix, device)`` launches it with this call's leading
+    arguments (its tensors): through the compiled kernel's launcher once a launch has compiled it,
+    with no specialization key to compute, since the caller keys its plans on everything that
+    key depends on (shapes, dtypes, the inputs' alignment; fresh outputs are always aligned)."""
+
+    __slots__ = ("kernel", "choice", "grid", "consts", "tail", "compiled", "facts")
+
+    def __init__(self, kernel: TunedKernel, choice: Choice, grid: tuple, consts: tuple, facts=None):
+        self.kernel, self.choice, self.consts, self.facts = kernel, choice, consts, facts
+        self.grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+        self.tail = consts + choice.values
+        self.compiled = None
+
+    def __call__(self, prefix: tuple, device: int) -> None:
+        c = self.compiled
+        if c is not None and _direct() and device == torch.cuda.current_device():
+            g = self.grid
+            c.run(g[0], g[1], g[2], _stream(device), c.function, c.packed_metadata, None, None, None, *prefix,
+                  *self.tail)
+            return
+        args = prefix + self.consts
+        self.kernel.launch(self.choice, self.grid, args, device)
+        if c is None:
+            self.compiled = self.kernel.compiled(self.choice, args, device)
+
+
+def _stream(device: int):
+    """The current stream's handle, as triton's own launch takes it."""
+    if not _STREAM:
+        _STREAM.append(triton.runtime.driver.active.get_current_stream)
+    return _STREAM[0](device)
+
+
+_STREAM: list = []
+_DIRECT: list = []
+
+
+def _direct() -> bool:
+    if not _DIRECT:
+        _DIRECT.append(settings.current().triton_direct)
+    return _DIRECT[0] and not _hooks_active()
+
+
+__all__ = ["Choice", "Plan", "TunedKernel", "spec"]

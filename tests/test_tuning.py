@@ -1,0 +1,213 @@
+"""Tuned configs in the cache (kernels/tuning.py) and the tuner's bookkeeping
+(kernels/triton_launch.py), without a GPU: a stand-in kernel records its launches, and a stand-in
+timer gives each config a fixed time. On a GPU, test_block_sparse_calls_cuda.py counts the real
+tuning runs of a second process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from opforge.build import inventory
+from opforge.kernels import triton_launch
+from opforge.kernels.triton_launch import TunedKernel, spec
+from opforge.kernels.tuning import TuningStore, fingerprint
+
+
+class Config:  # triton.Config's shape: kwargs, num_warps, num_stages
+    def __init__(self, kwargs, num_warps=4, num_stages=3):
+        self.kwargs, self.num_warps, self.num_stages = kwargs, num_warps, num_stages
+
+
+class FakeKernel:
+    """A JITFunction's shape: arg_names, fn[grid](*args, **meta) -> a compiled kernel."""
+
+    arg_names = ["x", "n", "BH", "BLOCK", "WARPS_HINT"]
+    constexprs = [2, 3, 4]
+    cache_key = "fake-source-v1"
+    __name__ = "fake"
+
+    def __init__(self):
+        self.jit_launches = []
+        self.direct_launches = []
+
+    def __getitem__(self, grid):
+        def run(*args, **kw):
+            self.jit_launches.append((grid, args, kw))
+            return Compiled(self)
+        return run
+
+
+class Compiled:
+    def __init__(self, kernel):
+        self.kernel, self.function, self.packed_metadata = kernel, object(), object()
+
+    def run(self, g0, g1, g2, stream, function, packed, meta, enter, exit_, *args):
+        self.kernel.direct_launches.append(((g0, g1, g2), args))
+
+
+class Tuner(TunedKernel):
+    """Times from a table (ms per BLOCK), facts without a GPU."""
+
+    times = {16: 3.0, 32: 1.0, 64: 2.0}
+
+    def _facts(self, device):
+        return "triton-x", "Fake GPU", (9, 0)
+
+    def _time(self, fn):
+        fn()
+        return self.times[self._last_block]
+
+    def launch(self, choice, grid, args, device):
+        self._last_block = choice.kwargs["BLOCK"]
+        self.fn[grid](*args, **choice.kwargs)
+
+
+CONFIGS = [Config({"BLOCK": b, "WARPS_HINT": 1}) for b in (16, 32, 64)]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("OPFORGE_TRITON_TUNING", "auto")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # CPU torch has no CUDA
+    return tmp_path
+
+
+def test_a_key_is_tuned_once_then_read_from_the_cache(cache):
+    trial = lambda c: ((1,), (torch.zeros(4), 4, 32))  # noqa: E731
+    first = Tuner("fake_family", FakeKernel(), CONFIGS)
+    got = first.choose(("k", 1), 0, trial, keep=lambda c: True)
+    assert got.kwargs["BLOCK"] == 32 and first.tuning_runs == 1 and first.store_hits == 0
+    assert first.choose(("k", 1), 0, trial, keep=lambda c: True) is got  # remembered: no second tuning
+    assert first.tuning_runs == 1
+    # a new process (a new tuner over the same cache) reads the winner: zero tuning runs
+    second = Tuner("fake_family", FakeKernel(), CONFIGS)
+    assert second.choose(("k", 1), 0, trial, keep=lambda c: True).kwargs["BLOCK"] == 32
+    assert second.tuning_runs == 0 and second.store_hits == 1 and not second.fn.jit_launches
+    # keep() limits the candidates
+    third = Tuner("fake_family", FakeKernel(), CONFIGS)
+    assert third.choose(("k", 2), 0, trial, keep=lambda c: c.kwargs["BLOCK"] != 32).kwargs["BLOCK"] == 64
+    files = list((cache / ".tuning" / "fake_family").rglob("*.json"))
+    assert len(files) == 2
+    data = json.loads(files[0].read_text())
+    assert data["format"] == 1 and data["fingerprint"] and "ms" in data
+
+
+def test_another_source_configs_or_device_is_tuned_anew(cache):
+    trial = lambda c: ((1,), (torch.zeros(4), 4, 32))  # noqa: E731
+    Tuner("fam", FakeKernel(), CONFIGS).choose(("k",), 0, trial, keep=lambda c: True)
+    edited = FakeKernel()
+    edited.cache_key = "fake-source-v2"
+    t = Tuner("fam", edited, CONFIGS)
+    t.choose(("k",), 0, trial, keep=lambda c: True)
+    assert t.tuning_runs == 1
+    fewer = Tuner("fam", FakeKernel(), CONFIGS[:2])
+    fewer.choose(("k",), 0, trial, keep=lambda c: True)
+    assert fewer.tuning_runs == 1
+
+
+def test_unreadable_or_foreign_winners_are_ignored(tmp_path):
+    store = TuningStore(str(tmp_path), "fam", fingerprint("a"))
+    os.makedirs(store.dir)
+    with open(store.path(("k",)), "w") as f:
+        f.write("{not json")
+    assert store.get(("k",)) is None
+    other = TuningStore(str(tmp_path), "fam", fingerprint("a"))
+    other.put(("k",), 2, {})
+    assert other.get(("k",)) == 2
+    with open(store.path(("k",))) as f:
+        data = json.load(f)
+    data["key"] = "('other',)"  # a hash collision, or a hand edit: not this key's winner
+    with open(store.path(("k",)), "w") as f:
+        json.dump(data, f)
+    assert store.get(("k",)) is None
+
+
+def test_an_unwritable_cache_costs_a_tuning_run_not_an_error(tmp_path):
+    root = tmp_path / "a-file"  # a file where the cache dir should be (root ignores permissions)
+    root.write_text("")
+    store = TuningStore(str(root), "fam", fingerprint("a"))
+    store.put(("k",), 1, {})
+    assert store.get(("k",)) is None
+
+
+def test_the_launch_after_the_first_skips_the_jit(cache, monkeypatch):
+    """The first launch of a (config, specialization) goes through fn[grid]; later ones call the
+    compiled kernel's launcher with the meta-parameters appended; a new specialization (an int
+    that becomes 1 or a multiple of 16, another dtype, another value of a constexpr) goes through
+    the JIT again."""
+    monkeypatch.setattr(triton_launch, "_direct", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    kernel = FakeKernel()
+    t = TunedKernel("fam", kernel, CONFIGS)
+    monkeypatch.setattr(triton_launch, "_STREAM", [lambda device: 7])
+    c = t.choices[1]
+    x = torch.zeros(4)
+    t.launch(c, (3,), (x, 5, 32), 0)
+    t.launch(c, (3,), (x, 7, 32), 0)
+    assert len(kernel.jit_launches) == 1 and kernel.direct_launches == [((3, 1, 1), (x, 7, 32, 32, 1))]
+    for n in (1, 32):
+        t.launch(c, (3,), (x, n, 32), 0)
+    t.launch(c, (3,), (x.double(), 5, 32), 0)
+    t.launch(c, (3,), (x, 5, 64), 0)  # a constexpr is compiled in: 64 is another kernel than 32
+    assert len(kernel.jit_launches) == 5
+    t.launch(c, (3,), (x, 7, 64), 0)
+    assert len(kernel.jit_launches) == 5 and kernel.direct_launches[-1] == ((3, 1, 1), (x, 7, 64, 32, 1))
+
+
+def test_spec_is_as_fine_as_tritons():
+    x = torch.zeros(8)
+    assert spec((x, 5)) != spec((x, 1)) != spec((x, 16))
+    assert spec((x, 5)) == spec((x, 7))
+    assert spec((x, 2**31)) != spec((x, 2**31 - 2))
+    assert spec((x[1:], 5)) != spec((x, 5))  # 4 bytes in: not 16-byte aligned
+    assert spec((x.half(), 5)) != spec((x, 5))
+    assert spec((True,)) != spec((False,)) and spec((None,)) != spec(("ieee",))
+
+
+def test_meta_parameters_must_be_the_kernels_last():
+    with pytest.raises(ValueError, match="last parameters"):
+        TunedKernel("fam", FakeKernel(), [Config({"WARPS_HINT": 1, "BLOCK": 16})])
+
+
+def test_during_a_graph_capture_nothing_is_timed_or_remembered(cache, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    t = Tuner("fam", FakeKernel(), CONFIGS)
+    trial = lambda c: ((1,), (torch.zeros(4), 4, 32))  # noqa: E731
+    assert t.choose(("k",), 0, trial, keep=lambda c: c.kwargs["BLOCK"] > 16).kwargs["BLOCK"] == 32
+    assert t.tuning_runs == 0 and not t._chosen and not (cache / ".tuning").exists()
+
+
+def test_cache_list_and_clean_show_and_remove_tuned_configs(cache):
+    store = TuningStore(str(cache), "block_sparse_triton", fingerprint("a"))
+    store.put(("k",), 1, {})
+    rows = inventory.leftovers(str(cache))
+    assert [(r.name, r.what) for r in rows] == [("block_sparse_triton", "tuned configs")]
+    assert inventory.known(str(cache), "block_sparse_triton")
+    done = inventory.clean(str(cache), "block_sparse_triton")
+    assert store.dir in done.removed and not os.path.exists(store.dir)
+
+
+def test_tuning_off_takes_the_first_fitting_config_untimed(cache, monkeypatch):
+    monkeypatch.setenv("OPFORGE_TRITON_TUNING", "off")
+    t = Tuner("fam", FakeKernel(), CONFIGS)
+    trial = lambda c: ((1,), (torch.zeros(4), 4, 32))  # noqa: E731
+    assert t.choose(("k",), 0, trial, keep=lambda c: c.kwargs["BLOCK"] > 16).kwargs["BLOCK"] == 32
+    assert t.tuning_runs == 0 and not t.fn.jit_launches and not (cache / ".tuning").exists()
+
+
+def test_the_setting_turns_the_direct_launch_off(tmp_path):
+    code = textwrap.dedent("""
+        from opforge.kernels import triton_launch
+        print(triton_launch.settings.current().triton_direct)
+    """)
+    env = dict(os.environ, OPFORGE_TRITON_DIRECT="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
