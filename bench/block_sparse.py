@@ -15,7 +15,9 @@ For each (dtype, shape, block, density), a random block mask (seeded) and, per o
   (fwd: ``W_bsr @ xᵀ``; dgrad: ``Wᵀ_bsr @ dyᵀ``) and ``sampled_addmm`` (wgrad);
 * **opforge**: the loader's variant for CUDA tensors (its contract: no autograd, no checks).
 
-Times: ``triton.testing.do_bench`` (L2 cleared before each call, median). TFLOP/s count the
+Times: ``triton.testing.do_bench`` (L2 cleared before each call, median): the GPU's time; beside
+it the host's µs per call (20 calls issued back to back, no sync inside, the median of 5 loops)
+of the same function. TFLOP/s count the
 useful FLOPs (2 T in out × density, the kept blocks' work) for every row, dense included, so
 "vs dense" is the speedup and "ideal" is 1 / density. Decode (``--decode``, T <= 64, fwd, on
 ``--decode-shape``): GB/s of the kept weight's bytes against a device-to-device copy of as
@@ -47,6 +49,25 @@ def bench(fn, graph: bool = False) -> float | None:
         return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") / 1e3
     except Exception as exc:  # noqa: BLE001 - a peer that can't run a case: reported, not fatal
         print(f"    failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", file=sys.stderr)
+        return None
+
+
+def host_time(fn, calls: int = 20) -> float | None:
+    """The host's seconds per call: ``calls`` calls issued back to back, no sync inside (the
+    median of 5 loops); the GPU's queue absorbs them."""
+    try:
+        fn()
+        torch.cuda.synchronize()
+        loops = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            loops.append((time.perf_counter() - t0) / calls)
+        torch.cuda.synchronize()
+        return sorted(loops)[2]
+    except Exception:  # noqa: BLE001 - bench() reports the failure
         return None
 
 
@@ -101,10 +122,11 @@ def run_case(impl, dtype, tokens, k_in, n_out, block, density, seed=0) -> list[d
     err = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
     for op, fns in cases.items():
         times = {name: (bench(fn) if fn is not None else None) for name, fn in fns.items()}
+        hosts = {name: (host_time(fn) if fn is not None else None) for name, fn in fns.items()}
         for name, t in times.items():
             rows.append({
                 "dtype": str(dtype).replace("torch.", ""), "shape": f"{tokens}x{k_in}x{n_out}", "block": block,
-                "density": round(layout.density, 4), "op": op, "impl": name, "seconds": t,
+                "density": round(layout.density, 4), "op": op, "impl": name, "seconds": t, "host_s": hosts[name],
                 "tflops": useful / t / 1e12 if t else None,
                 "vs_dense": times["dense"] / t if t and times["dense"] else None,
                 "ideal": 1.0 / layout.density, "note": why if name == "torch BSR" and not bsr else "",
@@ -177,8 +199,8 @@ def main() -> None:
                     k_in, n_out = (int(v) for v in args.decode_shape.split("x"))
                     decode.append(decode_case(impl, dtype, tokens, k_in, n_out, block, density))
     print("\n| dtype | shape | block | density | op | dense | torch BSR | opforge | opforge TFLOP/s | vs dense "
-          "| ideal | vs BSR |")
-    print("|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+          "| ideal | vs BSR | host µs: dense / BSR / opforge |")
+    print("|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     key = lambda r: (r["dtype"], r["shape"], r["block"], r["density"], r["op"])  # noqa: E731
     groups: dict = {}
     for r in rows:
@@ -188,7 +210,9 @@ def main() -> None:
         vs_bsr = b["seconds"] / o["seconds"] if b["seconds"] and o["seconds"] else None
         print(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]:.3f} | {k[4]} | {fmt_t(d['seconds'])} | {fmt_t(b['seconds'])} | "
               f"{fmt_t(o['seconds'])} | {o['tflops'] or 0:.0f} | {o['vs_dense'] or 0:.2f}x | {o['ideal']:.1f}x | "
-              + (f"{vs_bsr:.2f}x |" if vs_bsr else "- |"))
+              + (f"{vs_bsr:.2f}x |" if vs_bsr else "- |")
+              + " " + " / ".join("-" if g[i]["host_s"] is None else f"{g[i]['host_s'] * 1e6:.0f}"
+                                 for i in ("dense", "torch BSR", "opforge")) + " |")
     if decode:
         print("\n| dtype | T | weight | block | density | opforge | weight GB/s | copy GB/s | % copy |")
         print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
