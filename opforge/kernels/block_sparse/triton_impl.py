@@ -210,6 +210,16 @@ _MAX_PLANS = 4096
 _TMA, _SPLIT, _PLAIN = "tma", "split", "plain"
 
 
+def _keep(plans: dict, key: tuple, plan):
+    """Remember a plan, unless it was made during a CUDA graph capture (its config was then
+    chosen untimed: the shape is planned, and tuned, again at its next call outside one)."""
+    if plan is _REFERENCE or not torch.cuda.is_current_stream_capturing():
+        if len(plans) > _MAX_PLANS:
+            plans.clear()
+        plans[key] = plan
+    return plan
+
+
 def _tf32(dtype: torch.dtype) -> bool:
     return dtype is torch.float32 and torch.backends.cuda.matmul.allow_tf32
 
@@ -246,9 +256,7 @@ def forward(x, w, bias, rows, cols, row_ptr, out_features: int):
            cols.data_ptr() % 16, row_ptr.data_ptr() % 16, x.is_contiguous(), w.is_contiguous(), _tf32(x.dtype))
     plan = _FWD.get(key)
     if plan is None:
-        if len(_FWD) > _MAX_PLANS:
-            _FWD.clear()
-        plan = _FWD[key] = _forward_plan(x, w, bias, cols, row_ptr, out_features)
+        plan = _keep(_FWD, key, _forward_plan(x, w, bias, cols, row_ptr, out_features))
     if plan is _REFERENCE:
         return reference.forward(x, w, bias, rows, cols, row_ptr, out_features)
     y = torch.empty(x.shape[0], out_features, dtype=x.dtype, device=x.device)
@@ -306,9 +314,7 @@ def grad_input(dy, w, rows, cols, col_ptr, col_order, in_features: int):
            w.is_contiguous(), _tf32(dy.dtype))
     plan = _DX.get(key)
     if plan is None:
-        if len(_DX) > _MAX_PLANS:
-            _DX.clear()
-        plan = _DX[key] = _grad_input_plan(dy, w, rows, col_ptr, col_order, in_features)
+        plan = _keep(_DX, key, _grad_input_plan(dy, w, rows, col_ptr, col_order, in_features))
     if plan is _REFERENCE:
         return reference.grad_input(dy, w, rows, cols, col_ptr, col_order, in_features)
     dx = torch.empty(dy.shape[0], in_features, dtype=dy.dtype, device=dy.device)
@@ -356,9 +362,7 @@ def grad_weight(dy, x, rows, cols, row_ptr, bh: int, bw: int):
            x.data_ptr() % 16, cols.data_ptr() % 16, row_ptr.data_ptr() % 16, _tf32(x.dtype))
     plan = _DW.get(key)
     if plan is None:
-        if len(_DW) > _MAX_PLANS:
-            _DW.clear()
-        plan = _DW[key] = _grad_weight_plan(dy, x, rows, cols, row_ptr, bh, bw)
+        plan = _keep(_DW, key, _grad_weight_plan(dy, x, rows, cols, row_ptr, bh, bw))
     if plan is _REFERENCE:
         return reference.grad_weight(dy, x, rows, cols, row_ptr, bh, bw)
     split = plan.facts
