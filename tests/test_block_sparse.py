@@ -323,3 +323,25 @@ def test_a_checked_call_is_not_checked_again_but_a_new_one_is(monkeypatch):
         block_sparse_linear([1.0] * 48, w, None, layout)
     with pytest.raises(TypeError, match="BlockSparseLayout"):
         block_sparse_linear(torch.randn(3, 48), w, None, "layout")
+
+
+def test_the_module_deep_copies_and_pickles():
+    """copy.deepcopy (an EMA model) and torch.save of the whole module: the layout's lock stays
+    behind, and the copy computes what the original does."""
+    import copy
+    import io
+
+    torch.manual_seed(11)
+    m = BlockSparseLinear(64, 32, density=0.5, block_shape=(16, 16))
+    x = torch.randn(3, 64)
+    twin = copy.deepcopy(m)
+    buf = io.BytesIO()
+    torch.save(m, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    for other in (twin, loaded):
+        assert other.layout == m.layout and other.layout is not m.layout
+        torch.testing.assert_close(other(x), m(x))
+    with torch.no_grad():
+        twin.weight_blocks.add_(1.0)
+    assert not torch.allclose(twin(x), m(x))

@@ -152,6 +152,17 @@ class BlockSparseLayout:
 
     __hash__ = None  # mutable tensors inside
 
+    def __getstate__(self) -> dict:
+        """Pickling and ``copy.deepcopy`` (``torch.save(model)``, an EMA copy of a model): all but
+        the lock."""
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def __repr__(self) -> str:
         return (f"BlockSparseLayout(shape={self.shape}, block_shape={self.block_shape}, nnz={self.nnz}/"
                 f"{self.mask.numel()}, density={self.density:.3f})")
