@@ -25,178 +25,39 @@ the torch path (``supported``).
 On Hopper and newer, the forward and the input gradient bring their operands in with the copy
 engine (TMA, triton's host descriptors) when the operands are contiguous and start on 16 bytes
 (``tma_ready``) and there are more than ``TMA_MIN_TOKENS`` tokens, else through pointer loads
-(same results). The kernels live in
-``triton_kernels.py``; this module holds the configs, the dispatch and the layout of the work.
+(same results). The kernels live in ``triton_kernels.py``, their sizing (configs, what fits,
+the decode split) in ``triton_sizing.py``; this module plans each call shape and launches it.
 
 Without triton installed this module still imports (``triton_compat.py``).
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ..triton_compat import TensorDescriptor, triton
-from . import reference
-from .layout import BLOCK_SIZES
 from ..triton_launch import Plan, TunedKernel
+from . import reference
 from .triton_kernels import _dw_kernel, _dx_kernel, _dx_tma_kernel, _fwd_kernel, _fwd_tma_kernel
-
-
-def _precision(dtype: torch.dtype) -> str:
-    if dtype == torch.float32:
-        return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
-    return "tf32"  # ignored for fp16/bf16
-
-
-# (BLOCK_M, BLOCK_K, warps, stages), from sweeps on an H100 (docs/kernels.md). The index load in
-# the loop takes a stage of its own, so `stages` s buffers max(2, (s + 1) // 2) tiles of each operand.
-_M_TILES = ((256, 64, 8, 7), (128, 64, 4, 5), (128, 64, 4, 7), (128, 64, 4, 9), (128, 64, 8, 7), (256, 32, 8, 7),
-            (128, 32, 4, 7), (128, 32, 4, 5), (64, 32, 4, 7), (128, 16, 4, 7), (64, 64, 4, 5), (32, 64, 4, 4),
-            (16, 64, 4, 4), (16, 16, 4, 5))
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _pow2(n: int) -> int:
-    """The next power of two >= n (triton.next_power_of_2, without its constexpr wrapper's µs)."""
-    return 1 << (n - 1).bit_length() if n > 1 else 1
-
-
-def _buffers(stages: int) -> int:
-    return max(2, (stages + 1) // 2)
-
-
-def _m_configs():
-    return [triton.Config({"BLOCK_M": m, "BLOCK_K": k, "GROUP_M": 8}, num_warps=w, num_stages=st)
-            for m, k, w, st in _M_TILES]
-
-
-def _m_fits(c, tokens: int, k_block: int, n_block: int, size: int) -> bool:
-    """A tile no taller than the tokens (rounded up to 16), a K step that divides the block,
-    buffers that fit in shared memory."""
-    m, k = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]
-    return (m <= max(16, _pow2(tokens)) and k <= k_block
-            and (m + n_block) * k * size * _buffers(c.num_stages) <= 200 * 1024)
-
-
-def _bucket(t: int) -> int:
-    return min(65536, _pow2(max(1, t)))
-
-
-@functools.lru_cache(maxsize=None)
-def _properties(index: int):
-    """The device's properties, read once (every call needs two of them; a lookup costs µs)."""
-    return torch.cuda.get_device_properties(index)
-
-
-def _depth(nnz: int, lines: int) -> int:
-    """Blocks per line, as a power of two: part of the tuning key (short lines want other tiles)."""
-    return _pow2(max(1, nnz // max(1, lines)))
-
-
-def _dw_configs():
-    return [triton.Config({"BLOCK_T": t}, num_warps=w, num_stages=s)
-            for t, w, s in ((32, 4, 3), (64, 4, 3), (64, 8, 3), (128, 8, 3), (64, 4, 4), (64, 8, 5), (128, 4, 3))]
-
-
-def _dw_fits(c, bh: int, bw: int, g: int, size: int) -> bool:
-    return c.kwargs["BLOCK_T"] * (bh + g * bw) * size * c.num_stages <= 200 * 1024
+from .triton_sizing import (bucket, cdiv, decode_split, depth, device_facts, dw_configs, dw_fits, m_configs, m_fits,
+                            precision, split_counts, supported, tf32, tma_ready)
 
 
 FAMILY = "block_sparse_triton"
 """The tuned configs' family in opforge's cache (``kernels/tuning.py``): the extension's name."""
 
 KERNELS = {} if triton is None else {
-    "fwd": TunedKernel(FAMILY, _fwd_kernel, _m_configs()),
-    "dx": TunedKernel(FAMILY, _dx_kernel, _m_configs()),
-    "fwd_tma": TunedKernel(FAMILY, _fwd_tma_kernel, _m_configs()),
-    "dx_tma": TunedKernel(FAMILY, _dx_tma_kernel, _m_configs()),
-    "dw": TunedKernel(FAMILY, _dw_kernel, _dw_configs()),
+    "fwd": TunedKernel(FAMILY, _fwd_kernel, m_configs()),
+    "dx": TunedKernel(FAMILY, _dx_kernel, m_configs()),
+    "fwd_tma": TunedKernel(FAMILY, _fwd_tma_kernel, m_configs()),
+    "dx_tma": TunedKernel(FAMILY, _dx_tma_kernel, m_configs()),
+    "dw": TunedKernel(FAMILY, _dw_kernel, dw_configs()),
 }
 """Each kernel with its candidate configs and the ones chosen (``kernels/triton_launch.py``)."""
 
 
-_COUNTS: dict = {}
-_OLD_COUNTS: list = []
-
-
-def _counts(device: int, needed: int) -> torch.Tensor:
-    """The decode split's arrival counts (``_fwd_kernel``): int32 zeros, one buffer per (device,
-    stream), since launches on one stream run in order and each leaves its counts at zero. A
-    buffer outgrown is kept, not freed: a captured CUDA graph may still use it."""
-    stream = triton.runtime.driver.active.get_current_stream(device)
-    buf = _COUNTS.get((device, stream))
-    if buf is None or buf.numel() < needed:
-        if buf is not None:
-            _OLD_COUNTS.append(buf)
-        buf = _COUNTS[(device, stream)] = torch.zeros(max(4096, 2 * needed), dtype=torch.int32,
-                                                      device=torch.device("cuda", device))
-    return buf
-
-
-KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def supported(t: torch.Tensor, bh: int, bw: int) -> bool:
-    """What the kernels take: CUDA tensors of a kernel dtype, block sides of 16, 32, 64 or 128
-    (tl.dot needs 16 or more, tl.arange powers of two). Anything else runs ``reference.py``."""
-    return t.is_cuda and t.dtype in KERNEL_DTYPES and bh in BLOCK_SIZES and bw in BLOCK_SIZES
-
-
-@functools.lru_cache(maxsize=None)
-def _has_tma(device_index: int) -> bool:
-    return TensorDescriptor is not None and torch.cuda.get_device_capability(device_index)[0] >= 9
-
-
-# Up to this many tokens the pointer kernels run as fast (measured on an H100, decode sizes) and
-# skip the descriptors' host cost (~35 µs a call there). Only the pointer forward splits its
-# block-rows (decode_split), which it does up to SPLIT_MAX_TOKENS.
-TMA_MIN_TOKENS = 64
-SPLIT_MAX_TOKENS = 32
-assert TMA_MIN_TOKENS >= SPLIT_MAX_TOKENS
-
-
-def tma_ready(tokens: int, *tensors: torch.Tensor) -> bool:
-    """Whether the copy engine (TMA, Hopper and newer, through triton's host descriptors) should
-    bring these 2-D operands in: more than TMA_MIN_TOKENS tokens, each operand contiguous,
-    non-empty, starting on 16 bytes, with int32 coordinates. Otherwise the kernels load through
-    pointers (the same results)."""
-    if tokens <= TMA_MIN_TOKENS or not tensors[0].is_cuda or not _has_tma(tensors[0].device.index):
-        return False
-    return all(t.is_contiguous() and t.numel() > 0 and t.data_ptr() % 16 == 0 and max(t.shape) < 2**31
-               for t in tensors)
-
-
 def _descriptor(t: torch.Tensor, box: list):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), box)
-
-
-def decode_split(tokens: int, out_features: int, grid_r: int, nnz: int, sms: int, l2_bytes: int) -> int:
-    """How many programs share a block-row's blocks in the forward. Few tokens (decode) leave
-    one program per block-row, too few to stream the weight at HBM speed; splitting the blocks
-    fills the GPU (4 programs per SM), at the cost of fp32 partial sums written and read back.
-    Those stay in L2 while they take at most a quarter of it, so that is the bound. Past 32
-    tokens one program per block-row streams as fast (measured on an H100: at 64 tokens a
-    split of 3 ran at 52% of a copy's bandwidth, no split at 70%).
-
-    >>> decode_split(1, 4096, 32, 512, 132, 50 * 2**20)       # 16 blocks a row: all split
-    16
-    >>> decode_split(32, 14336, 112, 1792, 132, 50 * 2**20)   # 5 programs a row fill the GPU
-    5
-    >>> decode_split(32, 57344, 448, 7168, 132, 50 * 2**20)   # partials over a quarter of L2
-    1
-    >>> decode_split(64, 14336, 112, 1792, 132, 50 * 2**20)
-    1
-    """
-    if tokens > SPLIT_MAX_TOKENS:
-        return 1
-    want = -(-4 * sms // grid_r)
-    affordable = (l2_bytes // 4) // max(1, 4 * tokens * out_features)
-    return max(1, min(want, -(-nnz // grid_r), affordable))
 
 
 # -- plans: each call shape is sized, tuned and compiled once (kernels/triton_launch.py) --
@@ -220,22 +81,6 @@ def _keep(plans: dict, key: tuple, plan):
     return plan
 
 
-def _tf32(dtype: torch.dtype) -> bool:
-    return dtype is torch.float32 and torch.backends.cuda.matmul.allow_tf32
-
-
-def _facts(device: torch.device) -> tuple[int, int, bool]:
-    """(SMs, L2 bytes, TMA) of a CUDA device, read once."""
-    found = _DEVICES.get(device.index)
-    if found is None:
-        props = _properties(device.index)
-        found = _DEVICES[device.index] = (props.multi_processor_count, props.L2_cache_size, _has_tma(device.index))
-    return found
-
-
-_DEVICES: dict = {}
-
-
 def _plan(which: str, key: tuple, device: int, build, keep, facts=None) -> Plan:
     """Choose ``which``'s config for the tuning ``key`` (remembered, cached, or tuned, launching
     ``build(choice) -> (grid, prefix, consts)``) and make the plan."""
@@ -253,7 +98,7 @@ def _joined(built):
 def forward(x, w, bias, rows, cols, row_ptr, out_features: int):
     key = (x.shape, w.shape, out_features, x.dtype, w.dtype, None if bias is None else bias.dtype, x.device,
            x.data_ptr() % 16, w.data_ptr() % 16, None if bias is None else bias.data_ptr() % 16,
-           cols.data_ptr() % 16, row_ptr.data_ptr() % 16, x.is_contiguous(), w.is_contiguous(), _tf32(x.dtype))
+           cols.data_ptr() % 16, row_ptr.data_ptr() % 16, x.is_contiguous(), w.is_contiguous(), tf32(x.dtype))
     plan = _FWD.get(key)
     if plan is None:
         plan = _keep(_FWD, key, _forward_plan(x, w, bias, cols, row_ptr, out_features))
@@ -271,7 +116,7 @@ def _fwd_prefix(facts, x, w, b, y, cols, row_ptr) -> tuple:
         return _descriptor(x, facts[1]), _descriptor(w.view(-1, w.shape[2]), facts[2]), b, y, cols, row_ptr
     if kind is _SPLIT:
         part = torch.empty(facts[1], x.shape[0], y.shape[1], dtype=torch.float32, device=x.device)
-        return x, w, b, y, part, _counts(x.device.index, facts[2]), cols, row_ptr
+        return x, w, b, y, part, split_counts(x.device.index, facts[2]), cols, row_ptr
     return x, w, b, y, y, row_ptr, cols, row_ptr  # part and counts: not read
 
 
@@ -280,38 +125,38 @@ def _forward_plan(x, w, bias, cols, row_ptr, out_features):
     tokens, in_features = x.shape
     if not supported(x, bh, bw) or tokens == 0:
         return _REFERENCE  # tokens == 0: an empty y, which the torch path makes too
-    sms, l2, has_tma = _facts(x.device)
+    sms, l2, has_tma = device_facts(x.device)
     grid_r = out_features // bh
     w2 = w.view(-1, bw)
-    key = (_bucket(tokens), max(1, l2 // 2 // max(1, in_features * x.element_size())), _depth(nnz, grid_r))
-    dev, prec, has_bias, size = x.device.index, _precision(x.dtype), bias is not None, x.element_size()
+    key = (bucket(tokens), max(1, l2 // 2 // max(1, in_features * x.element_size())), depth(nnz, grid_r))
+    dev, prec, has_bias, size = x.device.index, precision(x.dtype), bias is not None, x.element_size()
     b = bias if has_bias else w
     y = torch.empty(tokens, out_features, dtype=x.dtype, device=x.device)  # for tuning runs
     if has_tma and tma_ready(tokens, x, w2):  # more tokens than a decode split takes (TMA_MIN_TOKENS)
         def build(c):
             m, k = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]
             facts = (_TMA, [m, k], [bh, k])
-            return ((grid_r * _cdiv(tokens, m),), _fwd_prefix(facts, x, w, b, y, cols, row_ptr),
+            return ((grid_r * cdiv(tokens, m),), _fwd_prefix(facts, x, w, b, y, cols, row_ptr),
                     (tokens, out_features, *key, bh, bw, has_bias, prec))
         plan = _plan("fwd_tma", ("fwd_tma", x.dtype, prec, *key, bh, bw, out_features, has_bias), dev, build,
-                     lambda c: _m_fits(c, tokens, bw, bh, size))
+                     lambda c: m_fits(c, tokens, bw, bh, size))
         plan.facts = (_TMA, [plan.choice.kwargs["BLOCK_M"], plan.choice.kwargs["BLOCK_K"]],
                       [bh, plan.choice.kwargs["BLOCK_K"]])
         return plan
     split = decode_split(tokens, out_features, grid_r, nnz, sms, l2)
-    facts = (_SPLIT, split, grid_r * _cdiv(tokens, 16)) if split > 1 else (_PLAIN,)
+    facts = (_SPLIT, split, grid_r * cdiv(tokens, 16)) if split > 1 else (_PLAIN,)
 
     def build(c):
-        return ((grid_r * _cdiv(tokens, c.kwargs["BLOCK_M"]), split), _fwd_prefix(facts, x, w, b, y, cols, row_ptr),
+        return ((grid_r * cdiv(tokens, c.kwargs["BLOCK_M"]), split), _fwd_prefix(facts, x, w, b, y, cols, row_ptr),
                 (tokens, in_features, out_features, *key, split, bh, bw, has_bias, split > 1, prec))
     return _plan("fwd", ("fwd", x.dtype, prec, *key, bh, bw, out_features, split, has_bias), dev, build,
-                 lambda c: _m_fits(c, tokens, bw, bh, size), facts)
+                 lambda c: m_fits(c, tokens, bw, bh, size), facts)
 
 
 def grad_input(dy, w, rows, cols, col_ptr, col_order, in_features: int):
     key = (dy.shape, w.shape, in_features, dy.dtype, w.dtype, dy.device, dy.data_ptr() % 16, w.data_ptr() % 16,
            rows.data_ptr() % 16, col_ptr.data_ptr() % 16, col_order.data_ptr() % 16, dy.is_contiguous(),
-           w.is_contiguous(), _tf32(dy.dtype))
+           w.is_contiguous(), tf32(dy.dtype))
     plan = _DX.get(key)
     if plan is None:
         plan = _keep(_DX, key, _grad_input_plan(dy, w, rows, col_ptr, col_order, in_features))
@@ -333,16 +178,16 @@ def _grad_input_plan(dy, w, rows, col_ptr, col_order, in_features):
     tokens, out_features = dy.shape
     if not supported(dy, bh, bw) or tokens == 0:
         return _REFERENCE
-    _, l2, has_tma = _facts(dy.device)
+    _, l2, has_tma = device_facts(dy.device)
     lines = in_features // bw
-    key = (_bucket(tokens), max(1, l2 // 2 // max(1, out_features * dy.element_size())), _depth(nnz, lines))
-    dev, prec, size = dy.device.index, _precision(dy.dtype), dy.element_size()
+    key = (bucket(tokens), max(1, l2 // 2 // max(1, out_features * dy.element_size())), depth(nnz, lines))
+    dev, prec, size = dy.device.index, precision(dy.dtype), dy.element_size()
     dx = torch.empty(tokens, in_features, dtype=dy.dtype, device=dy.device)  # for tuning runs
-    keep = lambda c: _m_fits(c, tokens, bh, bw, size)  # noqa: E731
+    keep = lambda c: m_fits(c, tokens, bh, bw, size)  # noqa: E731
     if has_tma and tma_ready(tokens, dy, w.view(-1, bw)):
         def build(c):
             m, k = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]
-            return ((lines * _cdiv(tokens, m),), _dx_prefix((_TMA, [m, k], [k, bw]), dy, w, dx, rows, col_ptr,
+            return ((lines * cdiv(tokens, m),), _dx_prefix((_TMA, [m, k], [k, bw]), dy, w, dx, rows, col_ptr,
                                                               col_order),
                     (tokens, in_features, *key, bh, bw, prec))
         plan = _plan("dx_tma", ("dx_tma", dy.dtype, prec, *key, bh, bw, in_features), dev, build, keep)
@@ -351,7 +196,7 @@ def _grad_input_plan(dy, w, rows, col_ptr, col_order, in_features):
         return plan
 
     def build(c):
-        return ((lines * _cdiv(tokens, c.kwargs["BLOCK_M"]),),
+        return ((lines * cdiv(tokens, c.kwargs["BLOCK_M"]),),
                 _dx_prefix((_PLAIN,), dy, w, dx, rows, col_ptr, col_order),
                 (tokens, out_features, in_features, *key, bh, bw, prec))
     return _plan("dx", ("dx", dy.dtype, prec, *key, bh, bw, in_features), dev, build, keep, (_PLAIN,))
@@ -359,7 +204,7 @@ def _grad_input_plan(dy, w, rows, col_ptr, col_order, in_features):
 
 def grad_weight(dy, x, rows, cols, row_ptr, bh: int, bw: int):
     key = (dy.shape, x.shape, rows.shape, bh, bw, dy.dtype, x.dtype, x.device, dy.data_ptr() % 16,
-           x.data_ptr() % 16, cols.data_ptr() % 16, row_ptr.data_ptr() % 16, _tf32(x.dtype))
+           x.data_ptr() % 16, cols.data_ptr() % 16, row_ptr.data_ptr() % 16, tf32(x.dtype))
     plan = _DW.get(key)
     if plan is None:
         plan = _keep(_DW, key, _grad_weight_plan(dy, x, rows, cols, row_ptr, bh, bw))
@@ -381,19 +226,19 @@ def _grad_weight_plan(dy, x, rows, cols, row_ptr, bh, bw):
     tokens, in_features = x.shape
     out_features = dy.shape[1]
     nnz = rows.numel()
-    sms = _facts(x.device)[0]
+    sms = device_facts(x.device)[0]
     g = max(1, 128 // bw)  # blocks of a row per program: a 128-wide MMA
-    groups_per_row = _cdiv(in_features // bw, g)  # an upper bound: programs past a row's end exit
+    groups_per_row = cdiv(in_features // bw, g)  # an upper bound: programs past a row's end exit
     # Enough working programs to fill the GPU twice over, each with at least 512 tokens.
-    split = max(1, min(_cdiv(2 * sms, _cdiv(nnz, g)), tokens // 512))
-    per = _cdiv(_cdiv(tokens, split), 128) * 128
-    split = _cdiv(tokens, per)
+    split = max(1, min(cdiv(2 * sms, cdiv(nnz, g)), tokens // 512))
+    per = cdiv(cdiv(tokens, split), 128) * 128
+    split = cdiv(tokens, per)
     out = torch.empty(split, nnz, bh, bw, dtype=torch.float32 if split > 1 else x.dtype, device=x.device)
     grid = ((out_features // bh) * groups_per_row, split)
-    prec, bucket, size = _precision(x.dtype), _bucket(tokens), x.element_size()
-    consts = (tokens, out_features, in_features, nnz, per, bucket, split, groups_per_row, bh, bw, g, prec)
-    return _plan("dw", ("dw", x.dtype, prec, bucket, bh, bw, g, split), x.device.index,
-                 lambda c: (grid, (dy, x, out, cols, row_ptr), consts), lambda c: _dw_fits(c, bh, bw, g, size), split)
+    prec, t_bucket, size = precision(x.dtype), bucket(tokens), x.element_size()
+    consts = (tokens, out_features, in_features, nnz, per, t_bucket, split, groups_per_row, bh, bw, g, prec)
+    return _plan("dw", ("dw", x.dtype, prec, t_bucket, bh, bw, g, split), x.device.index,
+                 lambda c: (grid, (dy, x, out, cols, row_ptr), consts), lambda c: dw_fits(c, bh, bw, g, size), split)
 
 
 _FWD: dict = {}

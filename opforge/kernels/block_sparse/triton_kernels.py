@@ -1,9 +1,9 @@
-"""The Triton kernels of ``triton_impl.py`` (which holds the host side: configs, dispatch, the
-layout of the work). See its docstring for what each computes.
+"""The Triton kernels of ``triton_impl.py`` (which plans and launches them; ``triton_sizing.py``
+sizes their work). See its docstring for what each computes.
 
 * ``_fwd_kernel`` / ``_dx_kernel`` load through pointers; ``_fwd_tma_kernel`` /
   ``_dx_tma_kernel`` do the same work with the operands brought in by the copy engine (TMA,
-  Hopper and newer), used where the operands allow it (``triton_impl.tma_ready``).
+  Hopper and newer), used where the operands allow it (``triton_sizing.tma_ready``).
 * ``_dw_kernel``: the weight gradient, on the kept blocks only.
 
 Indices arrive as int64 and are narrowed to int32 where they address a TMA box (the caller

@@ -1,0 +1,176 @@
+"""How the block-sparse Triton kernels' work is sized (``triton_impl.py`` plans and launches it):
+the candidate configs and which of them fit a call, the size classes of the tuning key, the
+decode split and its arrival counts, whether the copy engine (TMA) takes the operands, and the
+device's facts, each read once.
+
+Without triton installed this module still imports (``triton_compat.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..triton_compat import TensorDescriptor, triton
+from .layout import BLOCK_SIZES
+
+
+def precision(dtype: torch.dtype) -> str:
+    if dtype == torch.float32:
+        return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    return "tf32"  # ignored for fp16/bf16
+
+
+# (BLOCK_M, BLOCK_K, warps, stages), from sweeps on an H100 (docs/kernels.md). The index load in
+# the loop takes a stage of its own, so `stages` s buffers max(2, (s + 1) // 2) tiles of each operand.
+M_TILES = ((256, 64, 8, 7), (128, 64, 4, 5), (128, 64, 4, 7), (128, 64, 4, 9), (128, 64, 8, 7), (256, 32, 8, 7),
+            (128, 32, 4, 7), (128, 32, 4, 5), (64, 32, 4, 7), (128, 16, 4, 7), (64, 64, 4, 5), (32, 64, 4, 4),
+            (16, 64, 4, 4), (16, 16, 4, 5))
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def pow2(n: int) -> int:
+    """The next power of two >= n (triton.next_power_of_2, without its constexpr wrapper's µs)."""
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
+def _buffers(stages: int) -> int:
+    return max(2, (stages + 1) // 2)
+
+
+def m_configs():
+    return [triton.Config({"BLOCK_M": m, "BLOCK_K": k, "GROUP_M": 8}, num_warps=w, num_stages=st)
+            for m, k, w, st in M_TILES]
+
+
+def m_fits(c, tokens: int, k_block: int, n_block: int, size: int) -> bool:
+    """A tile no taller than the tokens (rounded up to 16), a K step that divides the block,
+    buffers that fit in shared memory."""
+    m, k = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]
+    return (m <= max(16, pow2(tokens)) and k <= k_block
+            and (m + n_block) * k * size * _buffers(c.num_stages) <= 200 * 1024)
+
+
+def bucket(t: int) -> int:
+    return min(65536, pow2(max(1, t)))
+
+
+@functools.lru_cache(maxsize=None)
+def _properties(index: int):
+    """The device's properties, read once (a lookup costs µs)."""
+    return torch.cuda.get_device_properties(index)
+
+
+def depth(nnz: int, lines: int) -> int:
+    """Blocks per line, as a power of two: part of the tuning key (short lines want other tiles)."""
+    return pow2(max(1, nnz // max(1, lines)))
+
+
+def dw_configs():
+    return [triton.Config({"BLOCK_T": t}, num_warps=w, num_stages=s)
+            for t, w, s in ((32, 4, 3), (64, 4, 3), (64, 8, 3), (128, 8, 3), (64, 4, 4), (64, 8, 5), (128, 4, 3))]
+
+
+def dw_fits(c, bh: int, bw: int, g: int, size: int) -> bool:
+    return c.kwargs["BLOCK_T"] * (bh + g * bw) * size * c.num_stages <= 200 * 1024
+
+
+_COUNTS: dict = {}
+_OLD_COUNTS: list = []
+
+
+def split_counts(device: int, needed: int) -> torch.Tensor:
+    """The decode split's arrival counts (``_fwd_kernel``): int32 zeros, one buffer per (device,
+    stream), since launches on one stream run in order and each leaves its counts at zero. A
+    buffer outgrown is kept, not freed: a captured CUDA graph may still use it."""
+    stream = triton.runtime.driver.active.get_current_stream(device)
+    buf = _COUNTS.get((device, stream))
+    if buf is None or buf.numel() < needed:
+        if buf is not None:
+            _OLD_COUNTS.append(buf)
+        buf = _COUNTS[(device, stream)] = torch.zeros(max(4096, 2 * needed), dtype=torch.int32,
+                                                      device=torch.device("cuda", device))
+    return buf
+
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def supported(t: torch.Tensor, bh: int, bw: int) -> bool:
+    """What the kernels take: CUDA tensors of a kernel dtype, block sides of 16, 32, 64 or 128
+    (tl.dot needs 16 or more, tl.arange powers of two). Anything else runs ``reference.py``."""
+    return t.is_cuda and t.dtype in KERNEL_DTYPES and bh in BLOCK_SIZES and bw in BLOCK_SIZES
+
+
+@functools.lru_cache(maxsize=None)
+def has_tma(device_index: int) -> bool:
+    return TensorDescriptor is not None and torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+# Up to this many tokens the pointer kernels run as fast (measured on an H100, decode sizes) and
+# skip the descriptors' host cost (two built and encoded a call: ~35 µs there through triton.autotune,
+# 10-17 µs through a plan, 2026-11-24). Only the pointer forward splits its
+# block-rows (decode_split), which it does up to SPLIT_MAX_TOKENS.
+TMA_MIN_TOKENS = 64
+SPLIT_MAX_TOKENS = 32
+assert TMA_MIN_TOKENS >= SPLIT_MAX_TOKENS
+
+
+def tma_ready(tokens: int, *tensors: torch.Tensor) -> bool:
+    """Whether the copy engine (TMA, Hopper and newer, through triton's host descriptors) should
+    bring these 2-D operands in: more than TMA_MIN_TOKENS tokens, each operand contiguous,
+    non-empty, starting on 16 bytes, with int32 coordinates. Otherwise the kernels load through
+    pointers (the same results)."""
+    if tokens <= TMA_MIN_TOKENS or not tensors[0].is_cuda or not has_tma(tensors[0].device.index):
+        return False
+    return all(t.is_contiguous() and t.numel() > 0 and t.data_ptr() % 16 == 0 and max(t.shape) < 2**31
+               for t in tensors)
+
+
+def decode_split(tokens: int, out_features: int, grid_r: int, nnz: int, sms: int, l2_bytes: int) -> int:
+    """How many programs share a block-row's blocks in the forward. Few tokens (decode) leave
+    one program per block-row, too few to stream the weight at HBM speed; splitting the blocks
+    fills the GPU (4 programs per SM), at the cost of fp32 partial sums written and read back.
+    Those stay in L2 while they take at most a quarter of it, so that is the bound. Past 32
+    tokens one program per block-row streams as fast (measured on an H100: at 64 tokens a
+    split of 3 ran at 52% of a copy's bandwidth, no split at 70%).
+
+    >>> decode_split(1, 4096, 32, 512, 132, 50 * 2**20)       # 16 blocks a row: all split
+    16
+    >>> decode_split(32, 14336, 112, 1792, 132, 50 * 2**20)   # 5 programs a row fill the GPU
+    5
+    >>> decode_split(32, 57344, 448, 7168, 132, 50 * 2**20)   # partials over a quarter of L2
+    1
+    >>> decode_split(64, 14336, 112, 1792, 132, 50 * 2**20)
+    1
+    """
+    if tokens > SPLIT_MAX_TOKENS:
+        return 1
+    want = -(-4 * sms // grid_r)
+    affordable = (l2_bytes // 4) // max(1, 4 * tokens * out_features)
+    return max(1, min(want, -(-nnz // grid_r), affordable))
+
+
+def tf32(dtype: torch.dtype) -> bool:
+    return dtype is torch.float32 and torch.backends.cuda.matmul.allow_tf32
+
+
+def device_facts(device: torch.device) -> tuple[int, int, bool]:
+    """(SMs, L2 bytes, TMA) of a CUDA device, read once."""
+    found = _DEVICES.get(device.index)
+    if found is None:
+        props = _properties(device.index)
+        found = _DEVICES[device.index] = (props.multi_processor_count, props.L2_cache_size, has_tma(device.index))
+    return found
+
+
+_DEVICES: dict = {}
+
+
+__all__ = ["KERNEL_DTYPES", "M_TILES", "SPLIT_MAX_TOKENS", "TMA_MIN_TOKENS", "bucket", "cdiv", "decode_split",
+           "depth", "device_facts", "dw_configs", "dw_fits", "has_tma", "m_configs", "m_fits", "pow2", "precision",
+           "split_counts", "supported", "tf32", "tma_ready"]
