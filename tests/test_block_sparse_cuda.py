@@ -79,10 +79,31 @@ def test_non_contiguous_and_empty(how):
     check(x, layout, torch.float16)
 
 
-def test_many_tokens_split_the_weight_gradient():
-    """Few blocks and many tokens: grad_weight splits the tokens and adds fp32 partials."""
-    layout = layout_of("one_block", 128, 128, (64, 64))
-    check(torch.randn(6000, 128), layout, torch.bfloat16, bias=False)
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+@pytest.mark.parametrize("kind", ["one_block", "empty_rows_cols", "0.5"])
+def test_many_tokens_split_the_weight_gradient(kind, bias):
+    """Few blocks and many tokens: the weight-gradient kernel splits the tokens, and the last
+    program of each group adds the fp32 partials (dw, and db with a bias: the kernel sums it,
+    also for block-rows with no blocks)."""
+    layout = layout_of(kind, 256, 128, (64, 64))
+    check(torch.randn(6000, 128), layout, torch.bfloat16, bias=bias)
+
+
+@pytest.mark.parametrize("tokens", [7, 3000])
+def test_weight_and_bias_gradient_in_one_launch(tokens):
+    """``grad_weight_bias`` equals ``grad_weight`` and ``dy.sum(0)`` (without a split and with
+    one), bit for bit run to run."""
+    from opforge.kernels.block_sparse import triton_impl
+
+    layout = layout_of("empty_rows_cols", 256, 192, (64, 32), seed=4)
+    idx = layout.indices(torch.device("cuda"))
+    dy = torch.randn(tokens, 256, device="cuda", dtype=torch.float16)
+    x = torch.randn(tokens, 192, device="cuda", dtype=torch.float16)
+    dw, db = triton_impl.grad_weight_bias(dy, x, idx.rows, idx.cols, idx.row_ptr, 64, 32)
+    assert torch.equal(dw, triton_impl.grad_weight(dy, x, idx.rows, idx.cols, idx.row_ptr, 64, 32))
+    torch.testing.assert_close(db.float(), dy.double().sum(0).float(), rtol=2e-3, atol=2e-3 * tokens ** 0.5)
+    again = triton_impl.grad_weight_bias(dy, x, idx.rows, idx.cols, idx.row_ptr, 64, 32)
+    assert torch.equal(dw, again[0]) and torch.equal(db, again[1])
 
 
 def test_unsupported_blocks_fall_back_to_torch_on_the_gpu():

@@ -36,6 +36,7 @@ import torch
 
 from .. import settings
 from .triton_compat import TensorDescriptor, triton
+from .triton_tma import Described, RawLauncher, described
 from .tuning import TuningStore, fingerprint
 
 
@@ -189,7 +190,9 @@ class TunedKernel:
     # -- the launch --
 
     def launch(self, choice: Choice, grid: tuple, args: tuple, device: int) -> None:
-        """Run ``choice`` over ``grid`` on ``device`` (made current for the launch if it isn't)."""
+        """Run ``choice`` over ``grid`` on ``device`` (made current for the launch if it isn't).
+        ``Described`` operands in ``args`` go in as triton's descriptors."""
+        args = described(args)
         if device != torch.cuda.current_device():
             with torch.cuda.device(device):
                 return self.launch(choice, grid, args, device)
@@ -225,27 +228,37 @@ class Plan:
     calls of the shape (``consts``). ``plan(prefix, device)`` launches it with this call's leading
     arguments (its tensors): through the compiled kernel's launcher once a launch has compiled it,
     with no specialization key to compute, since the caller keys its plans on everything that
-    key depends on (shapes, dtypes, the inputs' alignment; fresh outputs are always aligned)."""
+    key depends on (shapes, dtypes, the inputs' alignment; fresh outputs are always aligned).
+    A prefix with TMA operands (``Described``) goes through the kernel's C launcher with the
+    descriptors encoded once per address, shape and box (``triton_tma.py``), where triton's
+    layout allows."""
 
-    __slots__ = ("kernel", "choice", "grid", "consts", "tail", "compiled", "facts")
+    __slots__ = ("kernel", "choice", "grid", "consts", "tail", "compiled", "facts", "raw", "has_desc")
 
     def __init__(self, kernel: TunedKernel, choice: Choice, grid: tuple, consts: tuple, facts=None):
         self.kernel, self.choice, self.consts, self.facts = kernel, choice, consts, facts
         self.grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
         self.tail = consts + choice.values
-        self.compiled = None
+        self.compiled = self.raw = None
+        self.has_desc = False
 
     def __call__(self, prefix: tuple, device: int) -> None:
         c = self.compiled
         if c is not None and _direct() and device == torch.cuda.current_device():
             g = self.grid
-            c.run(g[0], g[1], g[2], _stream(device), c.function, c.packed_metadata, None, None, None, *prefix,
-                  *self.tail)
+            if self.raw is not None:
+                self.raw(g, _stream(device), prefix, self.tail)
+                return
+            c.run(g[0], g[1], g[2], _stream(device), c.function, c.packed_metadata, None, None, None,
+                  *(described(prefix) if self.has_desc else prefix), *self.tail)
             return
         args = prefix + self.consts
         self.kernel.launch(self.choice, self.grid, args, device)
         if c is None:
-            self.compiled = self.kernel.compiled(self.choice, args, device)
+            self.compiled = self.kernel.compiled(self.choice, described(args), device)
+            if self.compiled is not None:
+                self.has_desc = any(type(a) is Described for a in prefix)
+                self.raw = RawLauncher.of(self.compiled, prefix) if self.has_desc else None
 
 
 def _stream(device: int):

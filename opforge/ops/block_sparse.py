@@ -242,6 +242,9 @@ class _Linear(torch.autograd.Function):
         else:
             if need_x:
                 dx = ctx.impl.grad_input(dy, w, idx.rows, idx.cols, idx.col_ptr, idx.col_order, x.shape[1])
+            if need_w and need_b and ctx.has_bias and hasattr(ctx.impl, "grad_weight_bias"):  # one launch
+                dw, db = ctx.impl.grad_weight_bias(dy, x, idx.rows, idx.cols, idx.row_ptr, w.shape[1], w.shape[2])
+                return dx, dw, db, None, None, None
             if need_w:
                 dw = ctx.impl.grad_weight(dy, x, idx.rows, idx.cols, idx.row_ptr, w.shape[1], w.shape[2])
         db = dy.sum(0) if need_b and ctx.has_bias else None

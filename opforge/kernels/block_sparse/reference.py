@@ -12,7 +12,10 @@ tensors' device; all tensors contiguous, one dtype (``bias`` too):
 * ``forward(x, w, bias, rows, cols, row_ptr, out_features) -> y``: ``y = x Wᵀ (+ bias)``;
 * ``grad_input(dy, w, rows, cols, col_ptr, col_order, in_features) -> dx``: ``dx = dy W``;
 * ``grad_weight(dy, x, rows, cols, row_ptr, bh, bw) -> dw``: ``dw[k] = dy[:, rows[k]]ᵀ x[:, cols[k]]``
-  (block slices), the gradient of ``W`` on the kept blocks only (an SDDMM).
+  (block slices), the gradient of ``W`` on the kept blocks only (an SDDMM);
+* optionally ``grad_weight_bias(dy, x, rows, cols, row_ptr, bh, bw) -> (dw, db)``: ``grad_weight``'s
+  ``dw`` and the bias gradient ``db = dy.sum(0)`` (in ``dy``'s dtype), which a variant may sum as
+  it reads ``dy`` for ``dw`` (the Triton one does); callers fall back to the two apart.
 
 Compute: fp32 for fp16/bf16 on the CPU (upcast), fp64 for fp64; on a GPU, ``bmm`` in the
 tensors' dtype (which accumulates in fp32). Outputs in the inputs' dtype.
@@ -80,4 +83,8 @@ def grad_weight(dy, x, rows, cols, row_ptr, bh: int, bw: int):
     return dw.to(x.dtype)
 
 
-__all__ = ["forward", "grad_input", "grad_weight"]
+def grad_weight_bias(dy, x, rows, cols, row_ptr, bh: int, bw: int):
+    return grad_weight(dy, x, rows, cols, row_ptr, bh, bw), dy.sum(0)
+
+
+__all__ = ["forward", "grad_input", "grad_weight", "grad_weight_bias"]

@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import torch
 
-from ..triton_compat import TensorDescriptor, triton
+from ..triton_compat import triton
 from ..triton_launch import Plan, TunedKernel
+from ..triton_tma import Described
 from . import reference
 from .triton_kernels import _dw_kernel, _dx_kernel, _dx_tma_kernel, _fwd_kernel, _fwd_tma_kernel
 from .triton_sizing import (bucket, cdiv, decode_split, depth, device_facts, dw_configs, dw_fits, m_configs, m_fits,
@@ -54,10 +55,6 @@ KERNELS = {} if triton is None else {
     "dw": TunedKernel(FAMILY, _dw_kernel, dw_configs()),
 }
 """Each kernel with its candidate configs and the ones chosen (``kernels/triton_launch.py``)."""
-
-
-def _descriptor(t: torch.Tensor, box: list):
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), box)
 
 
 # -- plans: each call shape is sized, tuned and compiled once (kernels/triton_launch.py) --
@@ -113,7 +110,7 @@ def _fwd_prefix(facts, x, w, b, y, cols, row_ptr) -> tuple:
     """A forward launch's leading arguments: this call's tensors (and fresh split buffers)."""
     kind = facts[0]
     if kind is _TMA:
-        return _descriptor(x, facts[1]), _descriptor(w.view(-1, w.shape[2]), facts[2]), b, y, cols, row_ptr
+        return Described(x, facts[1]), Described(w.view(-1, w.shape[2]), facts[2]), b, y, cols, row_ptr
     if kind is _SPLIT:
         part = torch.empty(facts[1], x.shape[0], y.shape[1], dtype=torch.float32, device=x.device)
         return x, w, b, y, part, split_counts(x.device.index, facts[2]), cols, row_ptr
@@ -135,13 +132,13 @@ def _forward_plan(x, w, bias, cols, row_ptr, out_features):
     if has_tma and tma_ready(tokens, x, w2):  # more tokens than a decode split takes (TMA_MIN_TOKENS)
         def build(c):
             m, k = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]
-            facts = (_TMA, [m, k], [bh, k])
+            facts = (_TMA, (m, k), (bh, k))
             return ((grid_r * cdiv(tokens, m),), _fwd_prefix(facts, x, w, b, y, cols, row_ptr),
                     (tokens, out_features, *key, bh, bw, has_bias, prec))
         plan = _plan("fwd_tma", ("fwd_tma", x.dtype, prec, *key, bh, bw, out_features, has_bias), dev, build,
                      lambda c: m_fits(c, tokens, bw, bh, size))
-        plan.facts = (_TMA, [plan.choice.kwargs["BLOCK_M"], plan.choice.kwargs["BLOCK_K"]],
-                      [bh, plan.choice.kwargs["BLOCK_K"]])
+        plan.facts = (_TMA, (plan.choice.kwargs["BLOCK_M"], plan.choice.kwargs["BLOCK_K"]),
+                      (bh, plan.choice.kwargs["BLOCK_K"]))
         return plan
     split = decode_split(tokens, out_features, grid_r, nnz, sms, l2)
     facts = (_SPLIT, split, grid_r * cdiv(tokens, 16)) if split > 1 else (_PLAIN,)
@@ -169,7 +166,7 @@ def grad_input(dy, w, rows, cols, col_ptr, col_order, in_features: int):
 
 def _dx_prefix(facts, dy, w, dx, rows, col_ptr, col_order) -> tuple:
     if facts[0] is _TMA:
-        return _descriptor(dy, facts[1]), _descriptor(w.view(-1, w.shape[2]), facts[2]), dx, rows, col_ptr, col_order
+        return Described(dy, facts[1]), Described(w.view(-1, w.shape[2]), facts[2]), dx, rows, col_ptr, col_order
     return dy, w, dx, rows, col_ptr, col_order
 
 
@@ -187,12 +184,12 @@ def _grad_input_plan(dy, w, rows, col_ptr, col_order, in_features):
     if has_tma and tma_ready(tokens, dy, w.view(-1, bw)):
         def build(c):
             m, k = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]
-            return ((lines * cdiv(tokens, m),), _dx_prefix((_TMA, [m, k], [k, bw]), dy, w, dx, rows, col_ptr,
+            return ((lines * cdiv(tokens, m),), _dx_prefix((_TMA, (m, k), (k, bw)), dy, w, dx, rows, col_ptr,
                                                               col_order),
                     (tokens, in_features, *key, bh, bw, prec))
         plan = _plan("dx_tma", ("dx_tma", dy.dtype, prec, *key, bh, bw, in_features), dev, build, keep)
         k = plan.choice.kwargs["BLOCK_K"]
-        plan.facts = (_TMA, [plan.choice.kwargs["BLOCK_M"], k], [k, bw])
+        plan.facts = (_TMA, (plan.choice.kwargs["BLOCK_M"], k), (k, bw))
         return plan
 
     def build(c):
@@ -203,24 +200,43 @@ def _grad_input_plan(dy, w, rows, col_ptr, col_order, in_features):
 
 
 def grad_weight(dy, x, rows, cols, row_ptr, bh: int, bw: int):
+    return _grad_weight(dy, x, rows, cols, row_ptr, bh, bw, False)[0]
+
+
+def grad_weight_bias(dy, x, rows, cols, row_ptr, bh: int, bw: int):
+    """``(grad_weight(...), dy.sum(0))`` in one launch: the bias gradient is summed by the
+    weight-gradient kernel as it reads ``dy``."""
+    return _grad_weight(dy, x, rows, cols, row_ptr, bh, bw, True)
+
+
+def _grad_weight(dy, x, rows, cols, row_ptr, bh, bw, with_db: bool):
     key = (dy.shape, x.shape, rows.shape, bh, bw, dy.dtype, x.dtype, x.device, dy.data_ptr() % 16,
-           x.data_ptr() % 16, cols.data_ptr() % 16, row_ptr.data_ptr() % 16, tf32(x.dtype))
+           x.data_ptr() % 16, cols.data_ptr() % 16, row_ptr.data_ptr() % 16, tf32(x.dtype), with_db)
     plan = _DW.get(key)
     if plan is None:
-        plan = _keep(_DW, key, _grad_weight_plan(dy, x, rows, cols, row_ptr, bh, bw))
+        plan = _keep(_DW, key, _grad_weight_plan(dy, x, rows, cols, row_ptr, bh, bw, with_db))
     if plan is _REFERENCE:
-        return reference.grad_weight(dy, x, rows, cols, row_ptr, bh, bw)
-    split = plan.facts
-    if split == 1:  # the blocks themselves (the kernel's one slice)
-        out = torch.empty(rows.shape[0], bh, bw, dtype=x.dtype, device=x.device)
-        plan((dy, x, out, cols, row_ptr), x.device.index)
-        return out
-    out = torch.empty(split, rows.shape[0], bh, bw, dtype=torch.float32, device=x.device)
-    plan((dy, x, out, cols, row_ptr), x.device.index)
-    return out.sum(0).to(x.dtype)
+        return (reference.grad_weight(dy, x, rows, cols, row_ptr, bh, bw),
+                dy.sum(0, dtype=torch.float32).to(dy.dtype) if with_db else None)
+    out = torch.empty(rows.shape[0], bh, bw, dtype=x.dtype, device=x.device)
+    db = torch.empty(dy.shape[1], dtype=dy.dtype, device=dy.device) if with_db else None
+    plan(_dw_prefix(plan.facts, dy, x, out, db, cols, row_ptr), x.device.index)
+    return out, db
 
 
-def _grad_weight_plan(dy, x, rows, cols, row_ptr, bh, bw):
+def _dw_prefix(facts, dy, x, out, db, cols, row_ptr) -> tuple:
+    """A weight-gradient launch's leading arguments; facts: (split, its count of groups). With a
+    split, fresh fp32 partials for dw (and db) and the stream's arrival counts."""
+    split, groups = facts
+    dbt = out if db is None else db  # not read without HAS_DB
+    if split == 1:
+        return dy, x, out, out, dbt, dbt, row_ptr, cols, row_ptr  # part, db_part, count: not read
+    part = torch.empty(split, *out.shape, dtype=torch.float32, device=x.device)
+    db_part = part if db is None else torch.empty(split, db.shape[0], dtype=torch.float32, device=x.device)
+    return dy, x, out, part, dbt, db_part, split_counts(x.device.index, groups), cols, row_ptr
+
+
+def _grad_weight_plan(dy, x, rows, cols, row_ptr, bh, bw, with_db):
     if not supported(x, bh, bw) or rows.numel() == 0 or x.shape[0] == 0:
         return _REFERENCE  # nothing to compute: zeros, which the torch path makes too
     tokens, in_features = x.shape
@@ -233,12 +249,16 @@ def _grad_weight_plan(dy, x, rows, cols, row_ptr, bh, bw):
     split = max(1, min(cdiv(2 * sms, cdiv(nnz, g)), tokens // 512))
     per = cdiv(cdiv(tokens, split), 128) * 128
     split = cdiv(tokens, per)
-    out = torch.empty(split, nnz, bh, bw, dtype=torch.float32 if split > 1 else x.dtype, device=x.device)
     grid = ((out_features // bh) * groups_per_row, split)
+    facts = (split, grid[0])
+    out = torch.empty(nnz, bh, bw, dtype=x.dtype, device=x.device)  # for tuning runs
+    db = torch.empty(out_features, dtype=dy.dtype, device=dy.device) if with_db else None
     prec, t_bucket, size = precision(x.dtype), bucket(tokens), x.element_size()
-    consts = (tokens, out_features, in_features, nnz, per, t_bucket, split, groups_per_row, bh, bw, g, prec)
-    return _plan("dw", ("dw", x.dtype, prec, t_bucket, bh, bw, g, split), x.device.index,
-                 lambda c: (grid, (dy, x, out, cols, row_ptr), consts), lambda c: dw_fits(c, bh, bw, g, size), split)
+    consts = (tokens, out_features, in_features, nnz, per, t_bucket, split, groups_per_row, bh, bw, g, with_db,
+              split > 1, prec)
+    return _plan("dw", ("dw", x.dtype, prec, t_bucket, bh, bw, g, split, with_db), x.device.index,
+                 lambda c: (grid, _dw_prefix(facts, dy, x, out, db, cols, row_ptr), consts),
+                 lambda c: dw_fits(c, bh, bw, g, size), facts)
 
 
 _FWD: dict = {}
@@ -252,4 +272,4 @@ def forget_plans() -> None:
         plans.clear()
 
 
-__all__ = ["forward", "grad_input", "grad_weight"]
+__all__ = ["forward", "grad_input", "grad_weight", "grad_weight_bias"]

@@ -161,18 +161,28 @@ def _dx_tma_kernel(dy_desc, w_desc, dx_ptr, rows_ptr, col_ptr_ptr, order_ptr, T,
 
 
 @jit
-def _dw_kernel(dy_ptr, x_ptr, out_ptr, cols_ptr, row_ptr_ptr, T, N_OUT, K_IN, NNZ, PER_SPLIT, T_BUCKET, SPLIT,
-               GROUPS_PER_ROW, BH: tl.constexpr, BW: tl.constexpr, G: tl.constexpr, PRECISION: tl.constexpr,
+def _dw_kernel(dy_ptr, x_ptr, out_ptr, part_ptr, db_ptr, db_part_ptr, count_ptr, cols_ptr, row_ptr_ptr, T, N_OUT,
+               K_IN, NNZ, PER_SPLIT, T_BUCKET, SPLIT, GROUPS_PER_ROW, BH: tl.constexpr, BW: tl.constexpr,
+               G: tl.constexpr, HAS_DB: tl.constexpr, PARTIAL: tl.constexpr, PRECISION: tl.constexpr,
                BLOCK_T: tl.constexpr):
     """dw for up to G consecutive blocks of one block-row, over one slice of the tokens: the
     row's dy slice is read once for the G blocks, whose x columns are gathered side by side
-    into one (BLOCK_T, G * BW) operand, so the MMA is G * BW wide."""
+    into one (BLOCK_T, G * BW) operand, so the MMA is G * BW wide. With HAS_DB, each row's first
+    group also sums its dy slice into the bias gradient ``db`` (also for a row with no blocks).
+    With PARTIAL, SPLIT programs share a group (one slice of the tokens each): each writes its
+    fp32 partials to ``part`` (SPLIT, NNZ, BH, BW) and ``db_part`` (SPLIT, N_OUT) and counts
+    itself in ``count`` (an int32 per group, zero between launches); the last to arrive adds the
+    partials in a fixed order, stores dw (and db), and sets the count back to zero."""
     pid = tl.program_id(0)
     s = tl.program_id(1)
     r = pid // GROUPS_PER_ROW
+    first = pid % GROUPS_PER_ROW == 0
     k0 = tl.load(row_ptr_ptr + r) + (pid % GROUPS_PER_ROW) * G
     end = tl.load(row_ptr_ptr + r + 1)
-    if k0 < end:
+    work = k0 < end
+    if HAS_DB:
+        work = work | first
+    if work:
         offs_h = tl.arange(0, BH)
         offs_n = tl.arange(0, G * BW)
         offs_t = tl.arange(0, BLOCK_T)
@@ -183,6 +193,7 @@ def _dw_kernel(dy_ptr, x_ptr, out_ptr, cols_ptr, row_ptr_ptr, T, N_OUT, K_IN, NN
         t_lo = s * PER_SPLIT
         t_hi = tl.minimum(T, t_lo + PER_SPLIT)
         acc = tl.zeros((BH, G * BW), dtype=tl.float32)
+        db = tl.zeros((BH,), dtype=tl.float32)
         for t0 in range(t_lo, t_hi, BLOCK_T):
             t = t0 + offs_t
             t_ok = t < t_hi
@@ -190,6 +201,28 @@ def _dw_kernel(dy_ptr, x_ptr, out_ptr, cols_ptr, row_ptr_ptr, T, N_OUT, K_IN, NN
             gt = tl.load(dy_ptr + t64[None, :] * N_OUT + (r * BH + offs_h)[:, None], mask=t_ok[None, :], other=0.0)
             xt = tl.load(x_ptr + t64[:, None] * K_IN + xcol[None, :], mask=t_ok[:, None] & j_ok[None, :], other=0.0)
             acc = tl.dot(gt, xt, acc, input_precision=PRECISION)
-        out = out_ptr + (s.to(tl.int64) * NNZ + kj)[None, :] * (BH * BW) + offs_h[:, None] * BW + within[None, :]
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=j_ok[None, :])
-
+            if HAS_DB:
+                db += tl.sum(gt.to(tl.float32), axis=1)
+        blocks = (kj[None, :] * (BH * BW) + offs_h[:, None] * BW + within[None, :]).to(tl.int64)
+        if PARTIAL:
+            tl.store(part_ptr + s.to(tl.int64) * NNZ * (BH * BW) + blocks, acc, mask=j_ok[None, :])
+            if HAS_DB:
+                tl.store(db_part_ptr + s.to(tl.int64) * N_OUT + r * BH + offs_h, db, mask=first & (offs_h < BH))
+            tl.debug_barrier()  # every thread's partials are stored before the count says so
+            if tl.atomic_add(count_ptr + pid, 1, sem="acq_rel") == SPLIT - 1:  # the last one: add them up
+                acc = tl.zeros((BH, G * BW), dtype=tl.float32)
+                db = tl.zeros((BH,), dtype=tl.float32)
+                for p in range(0, SPLIT):
+                    acc += tl.load(part_ptr + (p * NNZ).to(tl.int64) * (BH * BW) + blocks, mask=j_ok[None, :], other=0.0,
+                                   cache_modifier=".cg")
+                    if HAS_DB:
+                        db += tl.load(db_part_ptr + p * N_OUT + r * BH + offs_h, mask=first & (offs_h < BH),
+                                      other=0.0, cache_modifier=".cg")
+                tl.store(out_ptr + blocks, acc.to(out_ptr.dtype.element_ty), mask=j_ok[None, :])
+                if HAS_DB:
+                    tl.store(db_ptr + r * BH + offs_h, db.to(db_ptr.dtype.element_ty), mask=first & (offs_h < BH))
+                tl.atomic_xchg(count_ptr + pid, 0)
+        else:
+            tl.store(out_ptr + blocks, acc.to(out_ptr.dtype.element_ty), mask=j_ok[None, :])
+            if HAS_DB:
+                tl.store(db_ptr + r * BH + offs_h, db.to(db_ptr.dtype.element_ty), mask=first & (offs_h < BH))
