@@ -25,6 +25,11 @@ What it runs (one process), per shape and dtype, each in forward ("fwd") and for
   contract: ``forward``, then ``backward`` given ``y`` or ``x`` as the activation needs
   (``Activation.ref_for``), ``need_db`` true. A variant that fails to load, or raises on its
   first call, is left out for the rest of the run, with why.
+* pybind11 binding (floor), CUDA only: a plain pybind11 module over the CUDA variant's own
+  kernels (``bench/csrc/bias_act_pybind.cpp``, built by ``opforge.load``; ``--no-pybind`` leaves
+  it out): no op registry, no autograd, the output allocated in C++. fwd: its ``forward``;
+  fwd+bwd: ``forward`` then ``backward`` (dx and db), as the contract rows. The floor of a
+  call's host cost with torch's tensors (contiguous layout only).
 * copy: ``dst.copy_(src)`` over x's dtype, shape and layout: reads N and writes N elements.
   clone: ``src.clone()``, the same into a new tensor, as every out-of-place op writes: on the CPU
   the fresh pages' first-touch faults (torch's CPU allocator gives large blocks back to the OS)
@@ -92,6 +97,7 @@ LARGE, SMALL = 1 << 24, 1 << 20
 MODES = {"fwd": "forward", "fwdbwd": "forward + backward"}
 MAX_SETS = 512
 EAGER, COMPILE, OP, COPY, CLONE = "eager", "torch.compile", "opforge (op)", "copy", "clone"
+PYBIND = "pybind11 binding (floor)"
 
 
 def say(msg: str) -> None:
@@ -341,6 +347,43 @@ def kernel_runs(impl, sets: list[Inputs], dim, act, alpha, gain, clamp, ref):
     return fwd, fwdbwd
 
 
+def pybind_floor(device: torch.device):
+    """The issue's floor peer: a plain pybind11 module over opforge's bias_act CUDA kernels
+    (``bench/csrc/bias_act_pybind.cpp``: torch/extension.h, no op registry, no autograd), built by
+    ``opforge.load`` (torch's ``load`` signature) from the variant's own ``.cu`` sources."""
+    import opforge
+
+    csrc = os.path.join(os.path.dirname(opforge.__file__), "kernels", "bias_act", "csrc")
+    common = os.path.join(os.path.dirname(opforge.__file__), "kernels", "common", "csrc")
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
+    sources = [os.path.join(here, "bias_act_pybind.cpp")] + [
+        os.path.join(csrc, f) for f in ("bias_act_cuda_launch.cu", "bias_act_cuda_f32.cu", "bias_act_cuda_f16.cu",
+                                        "bias_act_cuda_bf16.cu")]
+    return opforge.load("bias_act_pybind_floor", sources, extra_include_paths=[csrc, common],
+                        extra_cflags=["-O2"], extra_cuda_cflags=["-O3"])
+
+
+def pybind_runs(mod, sets: list[Inputs], dim, spec, alpha, gain, clamp, ref):
+    """fwd and fwd+bwd through the pybind11 floor (contiguous tensors; no autograd)."""
+    from opforge.kernels.bias_act.layout import clamp_as_stored
+
+    n = len(sets)
+    act = spec.index
+    c = -1.0 if clamp is None else clamp
+
+    def fwd(i):
+        s = sets[i % n]
+        return mod.forward(s.x, s.b, dim, act, alpha, gain, c)
+
+    def fwdbwd(i):
+        s = sets[i % n]
+        y = mod.forward(s.x, s.b, dim, act, alpha, gain, c)
+        if ref == "y":
+            return mod.backward(s.dy, y, s.b, dim, act, 1, alpha, gain, c, clamp_as_stored(clamp, y.dtype))
+        return mod.backward(s.dy, s.x, s.b, dim, act, 2, alpha, gain, c, -1.0)
+    return fwd, fwdbwd
+
+
 def opforge_setup(device: torch.device, only: list[str] | None) -> dict:
     """The opforge op, its default variant's name, and each variant that loads here (forced)."""
     kind = device.type
@@ -393,6 +436,12 @@ def run_case(args, dev: torch.device, shape, dtype, of: dict, spec, clock: Clock
     op_alpha = alpha if spec.uses_alpha else None
     opf = None if op is None else (lambda x, b: op(x, b, dim=dim, act=act, alpha=op_alpha, gain=gain, clamp=clamp))
     kernels = {name: kernel_runs(impl, sets, dim, act, alpha, gain, clamp, ref) for name, impl in of["variants"].items()}
+    floor = None
+    if of.get("pybind") is not None and ref in ("x", "y") and dtype in (torch.float32, torch.float16, torch.bfloat16):
+        if all(s.x.is_contiguous() for s in sets):
+            floor = pybind_runs(of["pybind"], sets, dim, spec, alpha, gain, clamp, ref)
+        else:
+            case["skipped"][PYBIND] = "takes contiguous tensors only"
     quick = args.quick
     max_k = 1000 if dev.type == "cuda" else 200
     target_s = (2e-3 if dev.type == "cuda" else 10e-3) / (4 if quick else 1)
@@ -410,6 +459,8 @@ def run_case(args, dev: torch.device, shape, dtype, of: dict, spec, clock: Clock
         for name, (kf, kfb) in kernels.items():
             if f"opforge {name}" not in of["broken"]:
                 rows[f"opforge {name}"] = Row(kf if mode == "fwd" else kfb)
+        if floor is not None:
+            rows[PYBIND] = Row(floor[0] if mode == "fwd" else floor[1])
         # the compile, timed apart: its first call in this mode
         if COMPILE in rows:
             say(f"{label} {SHORT[dtype]} {mode}: torch.compile (first call)")
@@ -451,7 +502,7 @@ def run_case(args, dev: torch.device, shape, dtype, of: dict, spec, clock: Clock
         # CUDA graphs, with rotation (small shapes): forward rows, and the variants' fwd+bwd
         if dev.type == "cuda" and n > 1 and args.graphs:
             graphable = [EAGER, COMPILE, OP] if mode == "fwd" else []
-            graphable += [k for k in rows if k.startswith("opforge ") and k != OP]
+            graphable += [k for k in rows if (k.startswith("opforge ") and k != OP) or k == PYBIND]
             for name in graphable:
                 if name not in rows:
                     continue
@@ -651,6 +702,8 @@ def main() -> None:
     ap.add_argument("--no-rotate", dest="rotate", action="store_false",
                     help="one input set even when it fits in the cache")
     ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="no CUDA-graph rows")
+    ap.add_argument("--no-pybind", dest="pybind", action="store_false",
+                    help="leave out the pybind11 binding of the CUDA kernels (the host-cost floor; built on first use)")
     ap.add_argument("--threads", type=int, help="torch.set_num_threads (default: every usable CPU)")
     ap.add_argument("--warmup", type=int, help="warm-up calls per row (default 5; --quick 2)")
     ap.add_argument("--rounds", type=int, help="timed batches per row (default 20 cuda, 15 cpu; --quick 3)")
@@ -687,6 +740,13 @@ def main() -> None:
 
     t0 = time.perf_counter()
     of = opforge_setup(dev, listed(args.variants))
+    of["pybind"] = None
+    if dev.type == "cuda" and args.pybind and "error" not in of:
+        say("building the pybind11 floor peer (may build)")
+        try:
+            of["pybind"] = pybind_floor(dev)
+        except Exception as exc:  # noqa: BLE001 - reported; the run goes on without it
+            of["skipped"][PYBIND] = one_line(exc)
     if "error" in of:
         say(of["error"])
     for name, why in of["skipped"].items():
@@ -700,7 +760,7 @@ def main() -> None:
                           "warmup": args.warmup, "rounds": args.rounds, "quick": args.quick,
                           "markdown": args.markdown},
                  "opforge": {"op_variant": of["op_variant"], "variants": list(of["variants"]),
-                             "skipped": of["skipped"], "broken": of["broken"],
+                             "skipped": of["skipped"], "broken": of["broken"], "pybind_floor": of["pybind"] is not None,
                              **({"error": of["error"]} if "error" in of else {})},
                  "cases": []}
     for shape in shapes:

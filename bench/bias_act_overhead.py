@@ -8,7 +8,8 @@ Usage::
 
 Each row runs ``--calls`` calls back to back, then synchronizes: per-call time = wall / calls,
 the best of 7 such loops (small shapes: the host's cost per call, the GPU keeps up). Layers,
-outermost last: ``torch.add`` (one native kernel launch, the floor of any op); the variant's raw
+outermost last: ``torch.add`` (one native kernel launch, the floor of any op); on CUDA, a plain
+pybind11 binding of the same kernels (``bench/csrc/bias_act_pybind.cpp``: the issue's floor peer); the variant's raw
 forward op on preallocated tensors (``torch.ops`` dispatch, the stable-ABI boxing, the launch);
 the kernel contract (``dispatch.implementation(...).forward``: allocation, layout, the op); the
 public ``opforge.ops.bias_act`` (argument checks, defaults, the variant's choice); eager torch;
@@ -27,7 +28,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
-from bias_act import DTYPES, eager_fn, parse_shape  # noqa: E402
+from bias_act import DTYPES, eager_fn, parse_shape, pybind_floor  # noqa: E402
 
 
 def per_call(fn, calls: int, sync) -> float:
@@ -59,7 +60,7 @@ def main() -> None:
 
     from opforge.kernels.bias_act import dispatch
     from opforge.kernels.bias_act.activations import lookup
-    from opforge.kernels.bias_act.layout import geometry
+    from opforge.kernels.bias_act.layout import clamp_as_stored, geometry
     from opforge.ops import bias_act
 
     act, alpha, gain, clamp = "lrelu", 0.2, 2**0.5, 256.0
@@ -78,6 +79,15 @@ def main() -> None:
         idx = lookup(act).index
         rows.append(("raw op (preallocated)", per_call(
             lambda: ops.forward(x, bk, y, g.channels, g.inner, idx, alpha, gain, clamp), args.calls, sync)))
+    if dev.type == "cuda":  # the floor: a plain pybind11 binding of the same kernels
+        mod = pybind_floor(dev)
+        idx = lookup(act).index
+        rows.append(("pybind11 binding: forward (allocates y)", per_call(
+            lambda: mod.forward(x, b, 1, idx, alpha, gain, clamp), args.calls, sync)))
+        yp = mod.forward(x, b, 1, idx, alpha, gain, clamp)
+        clamp_ref = clamp_as_stored(clamp, x.dtype)
+        rows.append(("pybind11 binding: backward (dx, db)", per_call(
+            lambda: mod.backward(dy, yp, b, 1, idx, 1, alpha, gain, clamp, clamp_ref), args.calls, sync)))
     rows.append((f"contract ({impl.name if hasattr(impl, 'name') else impl.__name__})", per_call(
         lambda: impl.forward(x, b, 1, act, alpha, gain, clamp), args.calls, sync)))
     rows.append(("opforge.ops.bias_act", per_call(lambda: bias_act(x, b, act=act, clamp=clamp), args.calls, sync)))
