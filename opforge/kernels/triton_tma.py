@@ -115,10 +115,12 @@ class RawLauncher:
 
     def _encode(self, t: torch.Tensor, box: tuple, meta: dict) -> tuple:
         shape, strides = list(t.shape), list(t.stride())
-        if strides[-1] != 1 or t.data_ptr() % 16 or list(meta["block_size"]) != list(box):
-            raise ValueError(f"TMA operand of shape {shape}, strides {strides}, box {list(box)}: the kernel was "
-                             f"compiled for box {list(meta['block_size'])} over a 16-byte aligned tensor with a "
-                             f"contiguous last dim")
+        if strides[-1] != 1 or t.data_ptr() % 16:
+            raise ValueError(f"TMA operand of shape {shape}, strides {strides}: a descriptor needs a 16-byte "
+                             f"aligned tensor with a contiguous last dim (the caller's plan should not have taken "
+                             f"the TMA path)")
+        # the box the kernel was compiled for may be narrower than the operand's (``box``): triton
+        # splits a box wider than the swizzle into several copies, as its own launcher encodes it
         tmap = self.encode(t.data_ptr(), meta["swizzle"], meta["elem_size"], self.to_host[meta["elem_type"]],
                            meta["block_size"], shape, strides, 0)  # padding 0: zeros, TensorDescriptor's default
         return (tmap, *shape, *strides)
