@@ -10,8 +10,9 @@
 * ``grad_weight``: a program per (up to ``G = 128 / bw`` consecutive kept blocks of one
   block-row, slice of the tokens) computes ``dy[slice, r]ᵀ @ x[slice, cols of those blocks]``
   as one ``(bh, G bw)`` product, reading the row's ``dy`` slice once for all of them; with
-  several slices (when there are too few blocks to fill the GPU) the fp32 partial sums are
-  added in a fixed order, so the result is deterministic.
+  several slices (when there are too few blocks to fill the GPU) the last program of a group to
+  finish adds the fp32 partial sums in a fixed order, in the same launch, so the result is
+  deterministic. ``grad_weight_bias`` adds a program per block-row that sums the bias gradient.
 
 Programs are ordered in groups (``_tile``): 8 consecutive tiles of tokens walk every block-row
 (column) together, so their tokens stay in L2 and each block of ``w`` is read once per group.
@@ -249,7 +250,8 @@ def _grad_weight_plan(dy, x, rows, cols, row_ptr, bh, bw, with_db):
     split = max(1, min(cdiv(2 * sms, cdiv(nnz, g)), tokens // 512))
     per = cdiv(cdiv(tokens, split), 128) * 128
     split = cdiv(tokens, per)
-    grid = ((out_features // bh) * groups_per_row, split)
+    n_rows = out_features // bh
+    grid = (n_rows * groups_per_row + (n_rows if with_db else 0), split)  # with db: a program per row first
     facts = (split, grid[0])
     out = torch.empty(nnz, bh, bw, dtype=x.dtype, device=x.device)  # for tuning runs
     db = torch.empty(out_features, dtype=dy.dtype, device=dy.device) if with_db else None

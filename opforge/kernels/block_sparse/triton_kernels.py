@@ -167,24 +167,40 @@ def _dw_kernel(dy_ptr, x_ptr, out_ptr, part_ptr, db_ptr, db_part_ptr, count_ptr,
                BLOCK_T: tl.constexpr):
     """dw for up to G consecutive blocks of one block-row, over one slice of the tokens: the
     row's dy slice is read once for the G blocks, whose x columns are gathered side by side
-    into one (BLOCK_T, G * BW) operand, so the MMA is G * BW wide. With HAS_DB, each row's first
-    group also sums its dy slice into the bias gradient ``db`` (also for a row with no blocks), in
-    a loop of its own: summing the MMA's operand inside the loop kept it out of the pipeline (a
-    forward + backward at 8192 tokens took 1.2-1.3x as long).
+    into one (BLOCK_T, G * BW) operand, so the MMA is G * BW wide. With HAS_DB, the first
+    N_OUT / BH programs each sum one block-row's dy slice into the bias gradient ``db``
+    instead: short programs of their own, in the first wave (summing dy inside the MMA loop
+    kept it out of the pipeline, and a second loop in a group's program lengthened the tail:
+    a forward + backward at 8192 tokens took 1.1-1.3x as long either way).
     With PARTIAL, SPLIT programs share a group (one slice of the tokens each): each writes its
-    fp32 partials to ``part`` (SPLIT, NNZ, BH, BW) and ``db_part`` (SPLIT, N_OUT) and counts
-    itself in ``count`` (an int32 per group, zero between launches); the last to arrive adds the
-    partials in a fixed order, stores dw (and db), and sets the count back to zero."""
+    fp32 partials to ``part`` (SPLIT, NNZ, BH, BW) or ``db_part`` (SPLIT, N_OUT) and counts
+    itself in ``count`` (an int32 per program, zero between launches); the last to arrive adds
+    the partials in a fixed order, stores them, and sets the count back to zero."""
     pid = tl.program_id(0)
     s = tl.program_id(1)
+    t_lo = s * PER_SPLIT
+    t_hi = tl.minimum(T, t_lo + PER_SPLIT)
+    if HAS_DB:
+        if pid < N_OUT // BH:
+            _dw_bias(dy_ptr, db_ptr, db_part_ptr, count_ptr + pid, pid, s, t_lo, t_hi, N_OUT, SPLIT, BH, PARTIAL,
+                     BLOCK_T)
+        else:
+            _dw_blocks(dy_ptr, x_ptr, out_ptr, part_ptr, count_ptr + pid, cols_ptr, row_ptr_ptr, pid - N_OUT // BH,
+                       s, t_lo, t_hi, N_OUT, K_IN, NNZ, SPLIT, GROUPS_PER_ROW, BH, BW, G, PARTIAL, PRECISION,
+                       BLOCK_T)
+    else:
+        _dw_blocks(dy_ptr, x_ptr, out_ptr, part_ptr, count_ptr + pid, cols_ptr, row_ptr_ptr, pid, s, t_lo, t_hi,
+                   N_OUT, K_IN, NNZ, SPLIT, GROUPS_PER_ROW, BH, BW, G, PARTIAL, PRECISION, BLOCK_T)
+
+
+@jit
+def _dw_blocks(dy_ptr, x_ptr, out_ptr, part_ptr, count, cols_ptr, row_ptr_ptr, pid, s, t_lo, t_hi, N_OUT, K_IN, NNZ,
+               SPLIT, GROUPS_PER_ROW, BH: tl.constexpr, BW: tl.constexpr, G: tl.constexpr, PARTIAL: tl.constexpr,
+               PRECISION: tl.constexpr, BLOCK_T: tl.constexpr):
     r = pid // GROUPS_PER_ROW
-    first = pid % GROUPS_PER_ROW == 0
     k0 = tl.load(row_ptr_ptr + r) + (pid % GROUPS_PER_ROW) * G
     end = tl.load(row_ptr_ptr + r + 1)
-    work = k0 < end
-    if HAS_DB:
-        work = work | first
-    if work:
+    if k0 < end:
         offs_h = tl.arange(0, BH)
         offs_n = tl.arange(0, G * BW)
         offs_t = tl.arange(0, BLOCK_T)
@@ -192,47 +208,50 @@ def _dw_kernel(dy_ptr, x_ptr, out_ptr, part_ptr, db_ptr, db_part_ptr, count_ptr,
         j_ok = kj < end
         within = offs_n % BW
         xcol = tl.load(cols_ptr + kj, mask=j_ok, other=0) * BW + within
-        t_lo = s * PER_SPLIT
-        t_hi = tl.minimum(T, t_lo + PER_SPLIT)
         acc = tl.zeros((BH, G * BW), dtype=tl.float32)
-        db = tl.zeros((BH,), dtype=tl.float32)
-        if k0 < end:  # else a row with no blocks, here for db only
-            for t0 in range(t_lo, t_hi, BLOCK_T):
-                t = t0 + offs_t
-                t_ok = t < t_hi
-                t64 = t.to(tl.int64)
-                gt = tl.load(dy_ptr + t64[None, :] * N_OUT + (r * BH + offs_h)[:, None], mask=t_ok[None, :],
-                             other=0.0)
-                xt = tl.load(x_ptr + t64[:, None] * K_IN + xcol[None, :], mask=t_ok[:, None] & j_ok[None, :],
-                             other=0.0)
-                acc = tl.dot(gt, xt, acc, input_precision=PRECISION)
-        if HAS_DB:  # the row's first group: its dy slice again (from L2), apart from the pipelined MMA loop
-            if first:
-                for t0 in range(t_lo, t_hi, BLOCK_T):
-                    t = t0 + offs_t
-                    gt = tl.load(dy_ptr + t.to(tl.int64)[None, :] * N_OUT + (r * BH + offs_h)[:, None],
-                                 mask=(t < t_hi)[None, :], other=0.0)
-                    db += tl.sum(gt.to(tl.float32), axis=1)
+        for t0 in range(t_lo, t_hi, BLOCK_T):
+            t = t0 + offs_t
+            t_ok = t < t_hi
+            t64 = t.to(tl.int64)
+            gt = tl.load(dy_ptr + t64[None, :] * N_OUT + (r * BH + offs_h)[:, None], mask=t_ok[None, :], other=0.0)
+            xt = tl.load(x_ptr + t64[:, None] * K_IN + xcol[None, :], mask=t_ok[:, None] & j_ok[None, :], other=0.0)
+            acc = tl.dot(gt, xt, acc, input_precision=PRECISION)
         blocks = (kj[None, :] * (BH * BW) + offs_h[:, None] * BW + within[None, :]).to(tl.int64)
         if PARTIAL:
             tl.store(part_ptr + s.to(tl.int64) * NNZ * (BH * BW) + blocks, acc, mask=j_ok[None, :])
-            if HAS_DB:
-                tl.store(db_part_ptr + s.to(tl.int64) * N_OUT + r * BH + offs_h, db, mask=first & (offs_h < BH))
             tl.debug_barrier()  # every thread's partials are stored before the count says so
-            if tl.atomic_add(count_ptr + pid, 1, sem="acq_rel") == SPLIT - 1:  # the last one: add them up
+            if tl.atomic_add(count, 1, sem="acq_rel") == SPLIT - 1:  # the last one: add them up
                 acc = tl.zeros((BH, G * BW), dtype=tl.float32)
-                db = tl.zeros((BH,), dtype=tl.float32)
                 for p in range(0, SPLIT):
-                    acc += tl.load(part_ptr + (p * NNZ).to(tl.int64) * (BH * BW) + blocks, mask=j_ok[None, :], other=0.0,
-                                   cache_modifier=".cg")
-                    if HAS_DB:
-                        db += tl.load(db_part_ptr + p * N_OUT + r * BH + offs_h, mask=first & (offs_h < BH),
-                                      other=0.0, cache_modifier=".cg")
+                    acc += tl.load(part_ptr + (p * NNZ).to(tl.int64) * (BH * BW) + blocks, mask=j_ok[None, :],
+                                   other=0.0, cache_modifier=".cg")
                 tl.store(out_ptr + blocks, acc.to(out_ptr.dtype.element_ty), mask=j_ok[None, :])
-                if HAS_DB:
-                    tl.store(db_ptr + r * BH + offs_h, db.to(db_ptr.dtype.element_ty), mask=first & (offs_h < BH))
-                tl.atomic_xchg(count_ptr + pid, 0)
+                tl.atomic_xchg(count, 0)
         else:
             tl.store(out_ptr + blocks, acc.to(out_ptr.dtype.element_ty), mask=j_ok[None, :])
-            if HAS_DB:
-                tl.store(db_ptr + r * BH + offs_h, db.to(db_ptr.dtype.element_ty), mask=first & (offs_h < BH))
+
+
+@jit
+def _dw_bias(dy_ptr, db_ptr, db_part_ptr, count, r, s, t_lo, t_hi, N_OUT, SPLIT, BH: tl.constexpr,
+             PARTIAL: tl.constexpr, BLOCK_T: tl.constexpr):
+    """db[r * BH:(r + 1) * BH] = dy[t_lo:t_hi, those columns].sum(0), in fp32."""
+    offs_h = tl.arange(0, BH)
+    offs_t = tl.arange(0, BLOCK_T)
+    db = tl.zeros((BH,), dtype=tl.float32)
+    for t0 in range(t_lo, t_hi, BLOCK_T):
+        t = t0 + offs_t
+        tile = tl.load(dy_ptr + t.to(tl.int64)[:, None] * N_OUT + (r * BH + offs_h)[None, :],
+                       mask=(t < t_hi)[:, None], other=0.0)
+        db += tl.sum(tile.to(tl.float32), axis=0)
+    cols = r * BH + offs_h
+    if PARTIAL:
+        tl.store(db_part_ptr + s.to(tl.int64) * N_OUT + cols, db)
+        tl.debug_barrier()
+        if tl.atomic_add(count, 1, sem="acq_rel") == SPLIT - 1:
+            db = tl.zeros((BH,), dtype=tl.float32)
+            for p in range(0, SPLIT):
+                db += tl.load(db_part_ptr + p * N_OUT + cols, cache_modifier=".cg")
+            tl.store(db_ptr + cols, db.to(db_ptr.dtype.element_ty))
+            tl.atomic_xchg(count, 0)
+    else:
+        tl.store(db_ptr + cols, db.to(db_ptr.dtype.element_ty))
