@@ -10,7 +10,8 @@ For each (tokens, density), fwd (no grad) and fwd+bwd (``y = f(x); y.backward(dy
 weights requiring grad), each implementation:
 
 * **host µs**: CPU wall time of ``--calls`` calls enqueued back to back (no sync inside; the
-  GPU's queue never fills at these counts), per call, the median of 7 rounds;
+  GPU's queue never fills at these counts), per call, the median of 9 rounds, the
+  implementations of one op interleaved in a rotating order each round (the host's speed drifts);
 * **GPU µs back to back**: CUDA events around the same loop, per call: what a training or
   serving loop sees, host and GPU overlapped (the larger of the two wins);
 * **graph µs** (fwd only): one call captured in a CUDA graph and replayed, the GPU's time alone.
@@ -36,24 +37,38 @@ import torch.nn.functional as F
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def host_and_gpu(fn, calls: int) -> tuple[float, float]:
-    """(host s per call, GPU s per call back to back): the median of 7 rounds."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    host, gpu = [], []
-    for _ in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        host.append((time.perf_counter() - t0) / calls)
-        end.record()
-        torch.cuda.synchronize()
-        gpu.append(start.elapsed_time(end) / 1e3 / calls)
-    return statistics.median(host), statistics.median(gpu)
+def host_and_gpu(fns: dict, calls: int, rounds: int = 9) -> dict:
+    """{name: (host s per call, GPU s per call back to back)}: the median of ``rounds`` rounds,
+    the implementations interleaved in a rotating order each round, so a slow spell of the host
+    (its figures vary 2x from minute to minute on the H100 machines) hits them alike. A name
+    whose call raises maps to the exception."""
+    live, out = {}, {}
+    for name, fn in fns.items():
+        try:
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            live[name] = fn
+        except Exception as exc:  # noqa: BLE001 - reported in its row
+            out[name] = exc
+    host: dict = {n: [] for n in live}
+    gpu: dict = {n: [] for n in live}
+    names = list(live)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)] if names else []:
+            fn = live[name]
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            host[name].append((time.perf_counter() - t0) / calls)
+            end.record()
+            torch.cuda.synchronize()
+            gpu[name].append(start.elapsed_time(end) / 1e3 / calls)
+    out.update({n: (statistics.median(host[n]), statistics.median(gpu[n])) for n in live})
+    return out
 
 
 def graph_time(fn, calls: int = 20) -> float | None:
@@ -113,23 +128,30 @@ def case(tokens, k_in, n_out, block, density, dtype, calls) -> list[dict]:
     dy = torch.randn(tokens, n_out, device=dev, dtype=dtype)
     rows = []
 
-    def row(op, impl, fn, graph=True):
-        if isinstance(fn, str):
-            rows.append({"op": op, "impl": impl, "error": fn})
-            return
-        try:
-            host, gpu = host_and_gpu(fn, calls)
-            g = graph_time(fn) if graph else None
-        except Exception as exc:  # noqa: BLE001
-            rows.append({"op": op, "impl": impl, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"})
-            return
-        rows.append({"op": op, "impl": impl, "host_s": host, "gpu_s": gpu, "graph_s": g})
+    def timed(op, fns: dict, graph: bool):
+        """Rows of one op: the implementations timed side by side, then each one's graph."""
+        ok = {k: f for k, f in fns.items() if not isinstance(f, str)}
+        got = host_and_gpu(ok, calls)
+        for impl, fn in fns.items():
+            res = fn if isinstance(fn, str) else got[impl]
+            if isinstance(res, Exception):
+                res = f"{type(res).__name__}: {str(res).splitlines()[0][:80]}"
+            if isinstance(res, str):
+                rows.append({"op": op, "impl": impl, "error": res})
+                continue
+            try:
+                g = graph_time(fn) if graph else None
+            except Exception as exc:  # noqa: BLE001
+                g = None
+                print(f"  {impl} {op}: no graph: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}",
+                      file=sys.stderr)
+            rows.append({"op": op, "impl": impl, "host_s": res[0], "gpu_s": res[1], "graph_s": g})
 
     with torch.no_grad():
-        row("fwd", "dense F.linear", lambda: F.linear(x, w_dense, b_dense))
-        row("fwd", "opforge BlockSparseLinear", lambda: m(x))
+        fwd = {"dense F.linear": lambda: F.linear(x, w_dense, b_dense), "opforge BlockSparseLinear": lambda: m(x)}
         for name, fn in peers(w_dense.detach(), block).items():
-            row("fwd", name, fn if isinstance(fn, str) else (lambda fn=fn: fn(x)))
+            fwd[name] = fn if isinstance(fn, str) else (lambda fn=fn: fn(x))
+        timed("fwd", fwd, graph=True)
 
     def dense_step():
         F.linear(xg, w_dense, b_dense).backward(dy)
@@ -137,8 +159,7 @@ def case(tokens, k_in, n_out, block, density, dtype, calls) -> list[dict]:
     def sparse_step():
         m(xg).backward(dy)
 
-    row("fwd+bwd", "dense F.linear", dense_step, graph=False)
-    row("fwd+bwd", "opforge BlockSparseLinear", sparse_step, graph=False)
+    timed("fwd+bwd", {"dense F.linear": dense_step, "opforge BlockSparseLinear": sparse_step}, graph=False)
     for r in rows:
         r.update(tokens=tokens, shape=f"{k_in}x{n_out}", block=block, density=round(m.layout.density, 4),
                  dtype=str(dtype).replace("torch.", ""))

@@ -174,7 +174,7 @@ def block_sparse_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | N
             if len(_CHECKED) > 4096:
                 _CHECKED.clear()
             _CHECKED.add(seen)
-    out_features, in_features = layout.shape
+    out_features, in_features = layout.signature[0]  # layout.shape, without its two properties
     idx = layout.indices(x.device)
     x2 = x if x.ndim == 2 else x.reshape(-1, in_features)
     route = _route(x, w, bias)
