@@ -25,55 +25,71 @@ from block_sparse_calls import graph_time  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--shape", default="4096x4096")
-    ap.add_argument("--block", type=int, default=64)
+    ap.add_argument("--tokens", default="16")
+    ap.add_argument("--shapes", default="4096x4096")
+    ap.add_argument("--blocks", default="64")
     ap.add_argument("--densities", default="0.5,0.25,0.1")
+    ap.add_argument("--configs", default="64/4/4,64/2/4,64/8/4,32/4/4,32/2/6,64/4/2,16/4/5,64/1/3",
+                    help="BLOCK_K/warps/stages, comma-separated")
+    ap.add_argument("--splits", default="1,2,4,8,12,16,24,32")
     args = ap.parse_args()
     os.environ["OPFORGE_TRITON_TUNING"] = "off"
+    from opforge.kernels.block_sparse import triton_impl
+
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    real_split = triton_impl.decode_split
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+    configs = [tuple(map(int, c.split("/"))) for c in args.configs.split(",")]
+    print(f"{torch.cuda.get_device_name()} bf16, {sms} SMs")
+    for shape in args.shapes.split(","):
+        k_in, n_out = map(int, shape.split("x"))
+        for block in map(int, args.blocks.split(",")):
+            for tokens in map(int, args.tokens.split(",")):
+                for density in map(float, args.densities.split(",")):
+                    probe(m_args=(k_in, n_out, block, tokens, density), configs=configs, splits=args.splits,
+                          sms=sms, l2=l2, real_split=real_split, dev=dev, dtype=dtype)
+    triton_impl.decode_split = real_split
+
+
+def probe(m_args, configs, splits, sms, l2, real_split, dev, dtype) -> None:
     import triton
 
     from opforge.kernels.block_sparse import triton_impl
     from opforge.kernels.triton_launch import TunedKernel
     from opforge.nn import BlockSparseLinear
 
-    k_in, n_out = map(int, args.shape.split("x"))
-    dev, dtype = torch.device("cuda"), torch.bfloat16
-    real_split = triton_impl.decode_split
-    print(f"{torch.cuda.get_device_name()} bf16 T={args.tokens} {k_in}->{n_out} blocks {args.block}")
-    for density in map(float, args.densities.split(",")):
-        torch.manual_seed(0)
-        m = BlockSparseLinear(k_in, n_out, density=density, block_shape=(args.block, args.block), device=dev,
-                              dtype=dtype)
-        w = m.to_dense().detach()
-        x = torch.randn(args.tokens, k_in, device=dev, dtype=dtype)
-        with torch.no_grad():
-            dense = graph_time(lambda: F.linear(x, w, m.bias))
-            chosen = real_split(args.tokens, n_out, n_out // args.block, m.layout.nnz, 132, 50 * 2**20)
-            print(f"density {density}: dense {dense * 1e6:.1f} us; decode_split chooses {chosen}")
-            best = None
-            for split in sorted({1, 2, 4, 8, 12, 16, 24, 32, chosen}):
-                for bk, warps, stages in ((64, 4, 4), (64, 2, 4), (64, 8, 4), (32, 4, 4), (32, 2, 6), (64, 4, 2),
-                                          (16, 4, 5), (64, 1, 3)):
-                    cfg = triton.Config({"BLOCK_M": 16, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=warps,
-                                        num_stages=stages)
-                    triton_impl.KERNELS["fwd"] = TunedKernel(triton_impl.FAMILY, triton_impl._fwd_kernel, [cfg])
-                    triton_impl.decode_split = lambda *a, s=split: s
-                    triton_impl.forget_plans()
-                    try:
-                        got = m(x)
-                        torch.testing.assert_close(got.float(), F.linear(x, w, m.bias).float(), rtol=3e-2,
-                                                   atol=3e-2)
-                        t = graph_time(lambda: m(x))
-                    except Exception as exc:  # noqa: BLE001
-                        print(f"  split {split:2d} k{bk} w{warps} s{stages}: {type(exc).__name__}")
-                        continue
-                    if best is None or t < best[0]:
-                        best = (t, split, bk, warps, stages)
-                    print(f"  split {split:2d} k{bk} w{warps} s{stages}: {t * 1e6:6.1f} us ({dense / t:.2f}x dense)")
-            print(f"  best: {best[0] * 1e6:.1f} us ({dense / best[0]:.2f}x dense) at split {best[1]}, "
-                  f"BLOCK_K {best[2]}, {best[3]} warps, {best[4]} stages")
-    triton_impl.decode_split = real_split
+    k_in, n_out, block, tokens, density = m_args
+    torch.manual_seed(0)
+    m = BlockSparseLinear(k_in, n_out, density=density, block_shape=(block, block), device=dev, dtype=dtype)
+    w = m.to_dense().detach()
+    x = torch.randn(tokens, k_in, device=dev, dtype=dtype)
+    grid_r = n_out // block
+    with torch.no_grad():
+        dense = graph_time(lambda: F.linear(x, w, m.bias))
+        chosen = real_split(tokens, n_out, grid_r, m.layout.nnz, sms, l2)
+        results = {}
+        for split in sorted({*map(int, splits.split(",")), chosen}):
+            for bk, warps, stages in configs:
+                if bk > block:
+                    continue
+                cfg = triton.Config({"BLOCK_M": 16, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=warps, num_stages=stages)
+                triton_impl.KERNELS["fwd"] = TunedKernel(triton_impl.FAMILY, triton_impl._fwd_kernel, [cfg])
+                triton_impl.decode_split = lambda *a, s=split: s
+                triton_impl.forget_plans()
+                try:
+                    torch.testing.assert_close(m(x).float(), F.linear(x, w, m.bias).float(), rtol=3e-2, atol=3e-2)
+                    results[(split, bk, warps, stages)] = graph_time(lambda: m(x))
+                except Exception as exc:  # noqa: BLE001
+                    print(f"  split {split} k{bk} w{warps} s{stages}: {type(exc).__name__}")
+        triton_impl.decode_split = real_split
+    best = min(results, key=results.get)
+    per_split = {s: min(t for k, t in results.items() if k[0] == s) for s in sorted({k[0] for k in results})}
+    print(f"{k_in}->{n_out} block {block} T={tokens} density {density}: grid_r {grid_r}, blocks/row "
+          f"{m.layout.nnz / grid_r:.1f}, dense {dense * 1e6:.1f} us; chosen split {chosen}: "
+          f"{per_split.get(chosen, float('nan')) * 1e6:.1f} us; best {results[best] * 1e6:.1f} us "
+          f"({dense / results[best]:.2f}x dense) at split {best[0]} k{best[1]} w{best[2]} s{best[3]}")
+    print("  by split (best config): " + ", ".join(f"{s}: {t * 1e6:.1f}" for s, t in per_split.items()))
 
 
 if __name__ == "__main__":
