@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from block_sparse_calls import graph_time  # noqa: E402
+from block_sparse_calls import graph_time
 
 
 def main() -> None:
@@ -80,7 +80,7 @@ def probe(m_args, configs, splits, sms, l2, real_split, dev, dtype) -> None:
                 try:
                     torch.testing.assert_close(m(x).float(), F.linear(x, w, m.bias).float(), rtol=3e-2, atol=3e-2)
                     results[(split, bk, warps, stages)] = graph_time(lambda: m(x))
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     print(f"  split {split} k{bk} w{warps} s{stages}: {type(exc).__name__}")
         triton_impl.decode_split = real_split
     best = min(results, key=results.get)

@@ -54,7 +54,7 @@ class RawLauncher:
     ``launcher(grid, stream, prefix, tail)``: ``prefix`` may hold ``Described`` operands, in the
     positions of the kernel's descriptor parameters."""
 
-    __slots__ = ("raw", "function", "packed", "coop", "pdl", "metas", "encode", "to_host", "memo")
+    __slots__ = ("coop", "encode", "function", "memo", "metas", "packed", "pdl", "raw", "to_host")
 
     def __init__(self, raw, function, packed, coop, pdl, metas, encode, to_host):
         self.raw, self.function, self.packed, self.coop, self.pdl = raw, function, packed, coop, pdl
@@ -87,7 +87,7 @@ class RawLauncher:
                 encode = triton.runtime.driver.active.utils.fill_tma_descriptor
             return cls(raw, compiled.function, compiled.packed_metadata, launcher.launch_cooperative_grid,
                        launcher.launch_pdl, tuple(metas), encode, to_host)
-        except Exception:  # noqa: BLE001 - any other layout: triton's own launcher
+        except Exception:
             return None
 
     def __call__(self, grid: tuple, stream: int, prefix: tuple, tail: tuple) -> None:

@@ -41,9 +41,22 @@ from ..triton_launch import Plan, TunedKernel
 from ..triton_tma import Described
 from . import reference
 from .triton_kernels import _dw_kernel, _dx_kernel, _dx_tma_kernel, _fwd_kernel, _fwd_tma_kernel
-from .triton_sizing import (bucket, cdiv, decode_split, depth, device_facts, dw_configs, dw_fits, m_configs, m_fits,
-                            precision, split_counts, supported, tf32, tma_ready)
-
+from .triton_sizing import (
+    bucket,
+    cdiv,
+    decode_split,
+    depth,
+    device_facts,
+    dw_configs,
+    dw_fits,
+    m_configs,
+    m_fits,
+    precision,
+    split_counts,
+    supported,
+    tf32,
+    tma_ready,
+)
 
 FAMILY = "block_sparse_triton"
 """The tuned configs' family in opforge's cache (``kernels/tuning.py``): the extension's name."""
@@ -181,7 +194,7 @@ def _grad_input_plan(dy, w, rows, col_ptr, col_order, in_features):
     key = (bucket(tokens), max(1, l2 // 2 // max(1, out_features * dy.element_size())), depth(nnz, lines))
     dev, prec, size = dy.device.index, precision(dy.dtype), dy.element_size()
     dx = torch.empty(tokens, in_features, dtype=dy.dtype, device=dy.device)  # for tuning runs
-    keep = lambda c: m_fits(c, tokens, bh, bw, size)  # noqa: E731
+    keep = lambda c: m_fits(c, tokens, bh, bw, size)
     if has_tma and tma_ready(tokens, dy, w.view(-1, bw)):
         def build(c):
             m, k = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]
