@@ -89,6 +89,28 @@ def test_many_tokens_split_the_weight_gradient(kind, bias):
     check(torch.randn(6000, 128), layout, torch.bfloat16, bias=bias)
 
 
+@pytest.mark.parametrize("tokens", [1, 16, 32])
+def test_every_decode_split_matches_masked_dense(tokens):
+    """The decode forward's split is tuned (``triton_sizing.SPLITS``): each split gives the
+    reference's result, including splits past a row's block count (programs with no blocks)
+    and rows with none."""
+    from opforge.kernels.block_sparse import triton_impl
+    from opforge.kernels.block_sparse.triton_sizing import SPLITS, fwd_configs
+    from opforge.kernels.triton_launch import TunedKernel
+
+    layout = layout_of("empty_rows_cols", 256, 384, (64, 64), seed=5)  # 5 blocks in most rows, none in one
+    kept = triton_impl.KERNELS["fwd"]
+    try:
+        for split in SPLITS:
+            cfg = next(c for c in fwd_configs() if c.kwargs["BLOCK_M"] == 16 and c.kwargs["SPLIT"] == split)
+            triton_impl.KERNELS["fwd"] = TunedKernel(triton_impl.FAMILY, triton_impl._fwd_kernel, [cfg])
+            triton_impl.forget_plans()
+            check(torch.randn(tokens, 384), layout, torch.float16, seed=split)
+    finally:
+        triton_impl.KERNELS["fwd"] = kept
+        triton_impl.forget_plans()
+
+
 @pytest.mark.parametrize("tokens", [7, 3000])
 def test_weight_and_bias_gradient_in_one_launch(tokens):
     """``grad_weight_bias`` equals ``grad_weight`` and ``dy.sum(0)`` (without a split and with

@@ -1,10 +1,11 @@
 """Probe: the block-sparse forward at decode sizes under each (split, config), graph-replayed, beside
-dense ``F.linear`` (issue 21: T=16 at density 0.5 ran at 0.93-0.97x dense). What ``decode_split``
-and ``M_TILES``' decode configs should be.
+dense ``F.linear`` (issue 21: T=16 at density 0.5 ran at 0.93-0.97x dense), and what
+``triton_sizing.decode_split`` prefers: how it was sized.
 
 Usage::
 
-    python bench/cuda_probe/block_sparse_decode.py [--tokens 16] [--shape 4096x4096] [--block 64]
+    python bench/cuda_probe/block_sparse_decode.py [--tokens 1,16,32] [--shapes 4096x4096,4096x14336]
+        [--blocks 32,64,128] [--densities 0.5,0.1] [--configs 64/4/4,...] [--splits 1,2,4,...]
 
 Each (split, BLOCK_K, warps, stages) runs alone (one config, tuning off); the time is one call
 captured 20 times in a CUDA graph, replayed, per call, the median of 7 replays.
@@ -34,10 +35,10 @@ def main() -> None:
     ap.add_argument("--splits", default="1,2,4,8,12,16,24,32")
     args = ap.parse_args()
     os.environ["OPFORGE_TRITON_TUNING"] = "off"
-    from opforge.kernels.block_sparse import triton_impl
+    from opforge.kernels.block_sparse import triton_sizing
 
     dev, dtype = torch.device("cuda"), torch.bfloat16
-    real_split = triton_impl.decode_split
+    real_split = triton_sizing.decode_split
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size
     configs = [tuple(map(int, c.split("/"))) for c in args.configs.split(",")]
@@ -49,7 +50,6 @@ def main() -> None:
                 for density in map(float, args.densities.split(",")):
                     probe(m_args=(k_in, n_out, block, tokens, density), configs=configs, splits=args.splits,
                           sms=sms, l2=l2, real_split=real_split, dev=dev, dtype=dtype)
-    triton_impl.decode_split = real_split
 
 
 def probe(m_args, configs, splits, sms, l2, real_split, dev, dtype) -> None:
@@ -67,22 +67,24 @@ def probe(m_args, configs, splits, sms, l2, real_split, dev, dtype) -> None:
     grid_r = n_out // block
     with torch.no_grad():
         dense = graph_time(lambda: F.linear(x, w, m.bias))
-        chosen = real_split(tokens, n_out, grid_r, m.layout.nnz, sms, l2)
+        chosen = real_split(tokens, n_out, grid_r, m.layout.nnz, block, sms, l2)[0]
         results = {}
+        kept = triton_impl.KERNELS["fwd"]
         for split in sorted({*map(int, splits.split(",")), chosen}):
             for bk, warps, stages in configs:
                 if bk > block:
                     continue
-                cfg = triton.Config({"BLOCK_M": 16, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=warps, num_stages=stages)
+                cfg = triton.Config({"BLOCK_M": 16, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT": split}, num_warps=warps,
+                                    num_stages=stages)
                 triton_impl.KERNELS["fwd"] = TunedKernel(triton_impl.FAMILY, triton_impl._fwd_kernel, [cfg])
-                triton_impl.decode_split = lambda *a, s=split: s
                 triton_impl.forget_plans()
                 try:
                     torch.testing.assert_close(m(x).float(), F.linear(x, w, m.bias).float(), rtol=3e-2, atol=3e-2)
                     results[(split, bk, warps, stages)] = graph_time(lambda: m(x))
                 except Exception as exc:
                     print(f"  split {split} k{bk} w{warps} s{stages}: {type(exc).__name__}")
-        triton_impl.decode_split = real_split
+        triton_impl.KERNELS["fwd"] = kept
+        triton_impl.forget_plans()
     best = min(results, key=results.get)
     per_split = {s: min(t for k, t in results.items() if k[0] == s) for s in sorted({k[0] for k in results})}
     print(f"{k_in}->{n_out} block {block} T={tokens} density {density}: grid_r {grid_r}, blocks/row "

@@ -123,15 +123,18 @@ class TunedKernel:
 
     # -- the config --
 
-    def choose(self, key: tuple, device: int, trial: Callable[[Choice], tuple], keep: Callable[[Choice], bool]) \
-            -> Choice:
+    def choose(self, key: tuple, device: int, trial: Callable[[Choice], tuple], keep: Callable[[Choice], bool],
+               prefer: Callable[[Choice], object] | None = None) -> Choice:
         """The config for ``key`` on ``device``: remembered, else read from the cache, else tuned
         (``trial(choice) -> (grid, args)`` builds a launch of a candidate; ``keep(choice)`` says
-        whether it may run these arguments at all)."""
+        whether it may run these arguments at all; ``prefer(choice)``, a sort key, orders the
+        kept ones: the first is what runs untimed, under capture or with tuning off)."""
         found = self._chosen.get((device, key))
         if found is not None:
             return found
         kept = [c for c in self.choices if keep(c)] or [self.choices[0]]
+        if prefer is not None:
+            kept.sort(key=prefer)
         if settings.current().triton_tuning == "off":
             self._chosen[(device, key)] = kept[0]
             return kept[0]

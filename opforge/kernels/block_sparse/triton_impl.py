@@ -49,6 +49,7 @@ from .triton_sizing import (
     device_facts,
     dw_configs,
     dw_fits,
+    fwd_configs,
     m_configs,
     m_fits,
     precision,
@@ -62,7 +63,7 @@ FAMILY = "block_sparse_triton"
 """The tuned configs' family in opforge's cache (``kernels/tuning.py``): the extension's name."""
 
 KERNELS = {} if triton is None else {
-    "fwd": TunedKernel(FAMILY, _fwd_kernel, m_configs()),
+    "fwd": TunedKernel(FAMILY, _fwd_kernel, fwd_configs()),
     "dx": TunedKernel(FAMILY, _dx_kernel, m_configs()),
     "fwd_tma": TunedKernel(FAMILY, _fwd_tma_kernel, m_configs()),
     "dx_tma": TunedKernel(FAMILY, _dx_tma_kernel, m_configs()),
@@ -92,11 +93,11 @@ def _keep(plans: dict, key: tuple, plan):
     return plan
 
 
-def _plan(which: str, key: tuple, device: int, build, keep, facts=None) -> Plan:
+def _plan(which: str, key: tuple, device: int, build, keep, facts=None, prefer=None) -> Plan:
     """Choose ``which``'s config for the tuning ``key`` (remembered, cached, or tuned, launching
     ``build(choice) -> (grid, prefix, consts)``) and make the plan."""
     kernel = KERNELS[which]
-    choice = kernel.choose(key, device, lambda c: _joined(build(c)), keep)
+    choice = kernel.choose(key, device, lambda c: _joined(build(c)), keep, prefer)
     grid, _, consts = build(choice)
     return Plan(kernel, choice, grid, consts, facts if facts is not None else which)
 
@@ -154,14 +155,21 @@ def _forward_plan(x, w, bias, cols, row_ptr, out_features):
         plan.facts = (_TMA, (plan.choice.kwargs["BLOCK_M"], plan.choice.kwargs["BLOCK_K"]),
                       (bh, plan.choice.kwargs["BLOCK_K"]))
         return plan
-    split = decode_split(tokens, out_features, grid_r, nnz, sms, l2)
-    facts = (_SPLIT, split, grid_r * cdiv(tokens, 16)) if split > 1 else (_PLAIN,)
+    preferred, most = decode_split(tokens, out_features, grid_r, nnz, bw, sms, l2)
+
+    def facts_of(split):
+        return (_SPLIT, split, grid_r * cdiv(tokens, 16)) if split > 1 else (_PLAIN,)
 
     def build(c):
-        return ((grid_r * cdiv(tokens, c.kwargs["BLOCK_M"]), split), _fwd_prefix(facts, x, w, b, y, cols, row_ptr),
-                (tokens, in_features, out_features, *key, split, bh, bw, has_bias, split > 1, prec))
-    return _plan("fwd", ("fwd", x.dtype, prec, *key, bh, bw, out_features, split, has_bias), dev, build,
-                 lambda c: m_fits(c, tokens, bw, bh, size), facts)
+        split = c.kwargs["SPLIT"]
+        return ((grid_r * cdiv(tokens, c.kwargs["BLOCK_M"]), split),
+                _fwd_prefix(facts_of(split), x, w, b, y, cols, row_ptr),
+                (tokens, in_features, out_features, *key, bh, bw, has_bias, split > 1, prec))
+    plan = _plan("fwd", ("fwd", x.dtype, prec, *key, bh, bw, out_features, most > 1, has_bias), dev, build,
+                 lambda c: c.kwargs["SPLIT"] <= most and m_fits(c, tokens, bw, bh, size),
+                 prefer=lambda c: abs(c.kwargs["SPLIT"] - preferred))
+    plan.facts = facts_of(plan.choice.kwargs["SPLIT"])
+    return plan
 
 
 def grad_input(dy, w, rows, cols, col_ptr, col_order, in_features: int):

@@ -34,10 +34,11 @@ def _tile(n_lines, T, L2_ROWS, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr):
 
 @jit
 def _fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, row_ptr_ptr, T, K_IN, N_OUT, T_BUCKET,
-                L2_ROWS, DEPTH, SPLIT, BH: tl.constexpr, BW: tl.constexpr, HAS_BIAS: tl.constexpr,
-                PARTIAL: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                GROUP_M: tl.constexpr):
-    """With PARTIAL, SPLIT programs share a (block-row, token tile): each writes its fp32 partial
+                L2_ROWS, DEPTH, BH: tl.constexpr, BW: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
+                PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                SPLIT):
+    """SPLIT (tuned with the tile: ``triton_sizing.fwd_configs``) programs share a (block-row,
+    token tile); PARTIAL when it is more than one. With PARTIAL each writes its fp32 partial
     sum to ``part`` (SPLIT, T, N_OUT) and counts itself in ``count`` (an int32 per tile, zero
     between calls); the last to arrive adds the partials in a fixed order (plus the bias),
     stores y, and sets the count back to zero. One launch, deterministic results."""

@@ -131,28 +131,53 @@ def tma_ready(tokens: int, *tensors: torch.Tensor) -> bool:
                for t in tensors)
 
 
-def decode_split(tokens: int, out_features: int, grid_r: int, nnz: int, sms: int, l2_bytes: int) -> int:
-    """How many programs share a block-row's blocks in the forward. Few tokens (decode) leave
-    one program per block-row, too few to stream the weight at HBM speed; splitting the blocks
-    fills the GPU (4 programs per SM), at the cost of fp32 partial sums written and read back.
-    Those stay in L2 while they take at most a quarter of it, so that is the bound. Past 32
-    tokens one program per block-row streams as fast (measured on an H100: at 64 tokens a
-    split of 3 ran at 52% of a copy's bandwidth, no split at 70%).
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
+"""The decode forward's candidate splits (programs per block-row), tuned with its configs."""
 
-    >>> decode_split(1, 4096, 32, 512, 132, 50 * 2**20)       # 16 blocks a row: all split
-    16
-    >>> decode_split(32, 14336, 112, 1792, 132, 50 * 2**20)   # 5 programs a row fill the GPU
-    5
-    >>> decode_split(32, 57344, 448, 7168, 132, 50 * 2**20)   # partials over a quarter of L2
-    1
-    >>> decode_split(64, 14336, 112, 1792, 132, 50 * 2**20)
-    1
+
+def fwd_configs():
+    """The pointer forward's candidates: each tile of ``M_TILES`` with ``SPLIT`` 1, and the
+    decode tiles (16 tokens) with every split of ``SPLITS`` (``decode_split`` orders them)."""
+    return [triton.Config({"BLOCK_M": m, "BLOCK_K": k, "GROUP_M": 8, "SPLIT": sp}, num_warps=w, num_stages=st)
+            for m, k, w, st in M_TILES for sp in SPLITS if sp == 1 or m == 16]
+
+
+def decode_split(tokens: int, out_features: int, grid_r: int, nnz: int, bw: int, sms: int,
+                 l2_bytes: int) -> tuple[int, int]:
+    """(preferred, most): how many programs should share a block-row's blocks in the forward,
+    and how many may. Few tokens (decode) leave one program per block-row, too few to stream
+    the weight at HBM speed; splitting the blocks fills the GPU, at the cost of fp32 partial
+    sums written and read back (and added by the last program to finish). Measured on an H100
+    (``bench/cuda_probe/block_sparse_decode.py``, 2026-11-24, T = 1, 16, 32 over 4096x4096,
+    4096x14336 and 14336x4096 at densities 0.5 and 0.1): the best split gives about 3 programs
+    per SM with 64-wide blocks, twice as many with 32-wide, half as many with 128-wide (4096 to
+    4096 in 64-blocks at T=16: split 4-6, 8.8-9.2 µs at density 0.5, where the old rule's 9 took
+    9.7 µs and no split 16.1 µs). That is the preferred split; the tuner times the others of
+    ``SPLITS`` up to ``most``: no more programs than a row has blocks, partials within a quarter
+    of L2 (where they stay), and none past ``SPLIT_MAX_TOKENS`` tokens (one program per
+    block-row streams as fast there: at 64 tokens a split of 3 ran at 52% of a copy's bandwidth,
+    no split at 70%).
+
+    >>> decode_split(1, 4096, 64, 2048, 64, 132, 50 * 2**20)      # 32 blocks a row
+    (6, 32)
+    >>> decode_split(16, 4096, 64, 410, 64, 132, 50 * 2**20)      # 6.4 blocks a row
+    (6, 7)
+    >>> decode_split(1, 4096, 32, 512, 128, 132, 50 * 2**20)      # 128-blocks: fewer programs
+    (6, 16)
+    >>> decode_split(1, 14336, 224, 3584, 64, 132, 50 * 2**20)    # 224 block-rows
+    (2, 16)
+    >>> decode_split(32, 57344, 448, 7168, 128, 132, 50 * 2**20)  # partials over a quarter of L2
+    (1, 1)
+    >>> decode_split(64, 14336, 112, 1792, 128, 132, 50 * 2**20)
+    (1, 1)
     """
     if tokens > SPLIT_MAX_TOKENS:
-        return 1
-    want = -(-4 * sms // grid_r)
+        return 1, 1
     affordable = (l2_bytes // 4) // max(1, 4 * tokens * out_features)
-    return max(1, min(want, -(-nnz // grid_r), affordable))
+    most = max(1, min(-(-nnz // grid_r), affordable))
+    programs = 3 * sms * 64 // bw  # across the block-rows and the 16-token tiles
+    preferred = max(1, min(most, round(programs / (grid_r * -(-tokens // 16)))))
+    return preferred, most
 
 
 def tf32(dtype: torch.dtype) -> bool:
@@ -171,6 +196,6 @@ def device_facts(device: torch.device) -> tuple[int, int, bool]:
 _DEVICES: dict = {}
 
 
-__all__ = ["KERNEL_DTYPES", "M_TILES", "SPLIT_MAX_TOKENS", "TMA_MIN_TOKENS", "bucket", "cdiv", "decode_split",
-           "depth", "device_facts", "dw_configs", "dw_fits", "has_tma", "m_configs", "m_fits", "pow2", "precision",
-           "split_counts", "supported", "tf32", "tma_ready"]
+__all__ = ["KERNEL_DTYPES", "M_TILES", "SPLITS", "SPLIT_MAX_TOKENS", "TMA_MIN_TOKENS", "bucket", "cdiv",
+           "decode_split", "depth", "device_facts", "dw_configs", "dw_fits", "fwd_configs", "has_tma", "m_configs",
+           "m_fits", "pow2", "precision", "split_counts", "supported", "tf32", "tma_ready"]
