@@ -363,25 +363,26 @@ def pybind_floor(device: torch.device):
                         extra_cflags=["-O2"], extra_cuda_cflags=["-O3"])
 
 
-def pybind_runs(mod, sets: list[Inputs], dim, spec, alpha, gain, clamp, ref):
-    """fwd and fwd+bwd through the pybind11 floor (contiguous tensors; no autograd)."""
-    from opforge.kernels.bias_act.layout import clamp_as_stored
+class PybindFloor:
+    """The kernel contract's ``forward`` and ``backward`` (``reference.py``) over the pybind11
+    floor module, so ``kernel_runs`` drives it as it drives a variant (the same arguments, the
+    module's own per-call work: contiguous tensors only, no autograd)."""
 
-    n = len(sets)
-    act = spec.index
-    c = -1.0 if clamp is None else clamp
+    def __init__(self, mod):
+        from opforge.kernels.bias_act.activations import lookup
+        from opforge.kernels.bias_act.layout import clamp_as_stored
 
-    def fwd(i):
-        s = sets[i % n]
-        return mod.forward(s.x, s.b, dim, act, alpha, gain, c)
+        self.mod, self.lookup, self.clamp_as_stored = mod, lookup, clamp_as_stored
 
-    def fwdbwd(i):
-        s = sets[i % n]
-        y = mod.forward(s.x, s.b, dim, act, alpha, gain, c)
-        if ref == "y":
-            return mod.backward(s.dy, y, s.b, dim, act, 1, alpha, gain, c, clamp_as_stored(clamp, y.dtype))
-        return mod.backward(s.dy, s.x, s.b, dim, act, 2, alpha, gain, c, -1.0)
-    return fwd, fwdbwd
+    def forward(self, x, b, dim, act, alpha, gain, clamp):
+        return self.mod.forward(x, b, dim, self.lookup(act).index, alpha, gain, -1.0 if clamp is None else clamp)
+
+    def backward(self, dy, x, b, y, dim, act, alpha, gain, clamp, need_db):
+        c = -1.0 if clamp is None else clamp
+        if y is not None:  # ref y: the clamp as y's dtype holds it
+            return self.mod.backward(dy, y, b, dim, self.lookup(act).index, 1, alpha, gain, c,
+                                     self.clamp_as_stored(clamp, y.dtype))
+        return self.mod.backward(dy, x, b, dim, self.lookup(act).index, 2, alpha, gain, c, -1.0)
 
 
 def opforge_setup(device: torch.device, only: list[str] | None) -> dict:
@@ -439,7 +440,7 @@ def run_case(args, dev: torch.device, shape, dtype, of: dict, spec, clock: Clock
     floor = None
     if of.get("pybind") is not None and ref in ("x", "y") and dtype in (torch.float32, torch.float16, torch.bfloat16):
         if all(s.x.is_contiguous() for s in sets):
-            floor = pybind_runs(of["pybind"], sets, dim, spec, alpha, gain, clamp, ref)
+            floor = kernel_runs(PybindFloor(of["pybind"]), sets, dim, act, alpha, gain, clamp, ref)
         else:
             case["skipped"][PYBIND] = "takes contiguous tensors only"
     quick = args.quick
