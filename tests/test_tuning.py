@@ -203,6 +203,38 @@ def test_tuning_off_takes_the_first_fitting_config_untimed(cache, monkeypatch):
     assert t.tuning_runs == 0 and not t.fn.jit_launches and not (cache / ".tuning").exists()
 
 
+def test_prefer_orders_the_untimed_pick_and_tuning_still_times_them_all(cache, monkeypatch):
+    """``prefer`` (the decode split's preferred value first) decides what runs untimed (tuning
+    off, capture); with tuning on the fastest still wins, whatever the order."""
+    trial = lambda c: ((1,), (torch.zeros(4), 4, 32))  # noqa: E731
+    prefer = lambda c: abs(c.kwargs["BLOCK"] - 64)  # noqa: E731
+    timed = Tuner("fam", FakeKernel(), CONFIGS)
+    assert timed.choose(("k",), 0, trial, keep=lambda c: True, prefer=prefer).kwargs["BLOCK"] == 32
+    monkeypatch.setenv("OPFORGE_TRITON_TUNING", "off")
+    untimed = Tuner("fam", FakeKernel(), CONFIGS)
+    assert untimed.choose(("k2",), 0, trial, keep=lambda c: True, prefer=prefer).kwargs["BLOCK"] == 64
+    assert untimed.choose(("k3",), 0, trial, keep=lambda c: c.kwargs["BLOCK"] < 64, prefer=prefer) \
+        .kwargs["BLOCK"] == 32
+
+
+def test_decode_split_candidates_follow_the_measured_rule():
+    """triton_sizing's decode split: the preferred split gives about 3 programs per SM for
+    64-wide blocks, twice as many for 32-wide, half for 128-wide; the most is bounded by the
+    row's blocks and by L2; none past SPLIT_MAX_TOKENS (the rule alone: no triton needed)."""
+    from opforge.kernels.block_sparse.triton_sizing import SPLIT_MAX_TOKENS, SPLITS, decode_split
+
+    l2 = 50 * 2**20
+    assert decode_split(16, 4096, 64, 2048, 64, 132, l2)[0] == 6  # 4096->4096, 64-blocks: 384 programs
+    assert decode_split(16, 4096, 128, 8192, 32, 132, l2)[0] == 6  # 32-blocks: twice the programs
+    assert decode_split(16, 4096, 32, 512, 128, 132, l2)[0] == 6  # 128-blocks: half
+    assert decode_split(32, 4096, 64, 2048, 64, 132, l2)[0] == 3  # two 16-token tiles a row
+    assert decode_split(16, 4096, 64, 128, 64, 132, l2) == (2, 2)  # 2 blocks a row: at most 2
+    assert decode_split(SPLIT_MAX_TOKENS + 1, 4096, 64, 2048, 64, 132, l2) == (1, 1)
+    preferred, most = decode_split(1, 4096, 64, 2048, 64, 132, 2**20)  # a small L2 bounds the partials
+    assert most == 16 and preferred == 6
+    assert SPLITS[0] == 1 and max(SPLITS) == 16
+
+
 def test_the_setting_turns_the_direct_launch_off(tmp_path):
     code = textwrap.dedent("""
         from opforge.kernels import triton_launch
