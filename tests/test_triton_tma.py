@@ -84,6 +84,22 @@ def test_the_compiled_box_is_encoded_and_a_misaligned_operand_refused():
         raw((1, 1, 1), 0, (Described(x.view(-1)[1:65].view(1, 64), (1, 64)),), ())
 
 
+def test_a_3d_weight_read_as_rows_without_a_view():
+    """``Described(w, box, rows)``: the (nnz, bh, bw) blocks as an (nnz * bh, bw) matrix, what
+    ``w.view(-1, bw)`` would give, for the C launcher and for triton's own descriptor."""
+    from opforge.kernels.triton_compat import TensorDescriptor
+    from opforge.kernels.triton_tma import descriptor
+
+    raw, calls, encoded, _ = _raw()
+    w = torch.zeros(6, 64, 32, dtype=torch.float16)
+    raw((1, 1, 1), 0, (Described(w, (64, 32), 6 * 64),), ())
+    assert encoded[-1][5:7] == ((384, 32), (32, 1))
+    assert calls[-1][13:] == ("tmap1", 384, 32, 32, 1)
+    if TensorDescriptor is not None:  # triton installed (the GPU machines)
+        d = descriptor(Described(w, (64, 32), 6 * 64))
+        assert list(d.shape) == [384, 32] and list(d.strides) == [32, 1] and d.base is w
+
+
 @pytest.mark.parametrize("compiled", [object(), FakeCompiled([], [])])
 def test_other_layouts_fall_back_to_tritons_launcher(compiled):
     x = torch.zeros(128, 64, dtype=torch.float16)

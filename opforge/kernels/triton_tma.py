@@ -29,16 +29,27 @@ from .triton_compat import TensorDescriptor, triton
 
 
 class Described(NamedTuple):
-    """A tensor a kernel reads through a TMA descriptor with the given box (one side per dim)."""
+    """A tensor a kernel reads through a TMA descriptor with the given box (one side per dim).
+    ``rows``: read the (contiguous) tensor as a 2-D ``(rows, numel // rows)`` matrix, as
+    ``tensor.view(rows, -1)`` would, without making the view (a call's µs)."""
 
     tensor: torch.Tensor
     box: tuple
+    rows: int = 0
+
+
+def _dims(d: Described) -> tuple:
+    t = d.tensor
+    if d.rows:
+        cols = t.numel() // d.rows
+        return (d.rows, cols), (cols, 1)
+    return tuple(t.shape), t.stride()
 
 
 def descriptor(d: Described):
     """triton's host-side descriptor of ``d`` (triton's own launch path encodes it per call)."""
-    t = d.tensor
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(d.box))
+    shape, strides = _dims(d)
+    return TensorDescriptor(d.tensor, list(shape), list(strides), list(d.box))
 
 
 def described(args: tuple) -> tuple:
@@ -87,7 +98,7 @@ class RawLauncher:
                 encode = triton.runtime.driver.active.utils.fill_tma_descriptor
             return cls(raw, compiled.function, compiled.packed_metadata, launcher.launch_cooperative_grid,
                        launcher.launch_pdl, tuple(metas), encode, to_host)
-        except Exception:
+        except Exception:  # noqa: BLE001 - any other layout: triton's own launcher
             return None
 
     def __call__(self, grid: tuple, stream: int, prefix: tuple, tail: tuple) -> None:
@@ -105,17 +116,18 @@ class RawLauncher:
     def encoded(self, d: Described, i: int) -> tuple:
         """(descriptor, *shape, *strides): what the C launcher takes for descriptor parameter ``i``."""
         t = d.tensor
-        key = (t.data_ptr(), t.shape, t.stride(), t.dtype, d.box, i)
+        key = (t.data_ptr(), t.shape, t.stride(), t.dtype, d.box, d.rows, i)
         hit = self.memo.get(key)
         if hit is None:
             if len(self.memo) >= _MEMO_MAX:
                 self.memo.clear()
-            hit = self.memo[key] = self._encode(t, d.box, self.metas[i])
+            hit = self.memo[key] = self._encode(d, self.metas[i])
         return hit
 
-    def _encode(self, t: torch.Tensor, box: tuple, meta: dict) -> tuple:
-        shape, strides = list(t.shape), list(t.stride())
-        if strides[-1] != 1 or t.data_ptr() % 16:
+    def _encode(self, d: Described, meta: dict) -> tuple:
+        t = d.tensor
+        shape, strides = (list(v) for v in _dims(d))
+        if strides[-1] != 1 or t.data_ptr() % 16 or (d.rows and not t.is_contiguous()):
             raise ValueError(f"TMA operand of shape {shape}, strides {strides}: a descriptor needs a 16-byte "
                              f"aligned tensor with a contiguous last dim (the caller's plan should not have taken "
                              f"the TMA path)")

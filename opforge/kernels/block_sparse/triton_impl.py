@@ -55,7 +55,6 @@ from .triton_sizing import (
     precision,
     split_counts,
     supported,
-    tf32,
     tma_ready,
 )
 
@@ -110,7 +109,8 @@ def _joined(built):
 def forward(x, w, bias, rows, cols, row_ptr, out_features: int):
     key = (x.shape, w.shape, out_features, x.dtype, w.dtype, None if bias is None else bias.dtype, x.device,
            x.data_ptr() % 16, w.data_ptr() % 16, None if bias is None else bias.data_ptr() % 16,
-           cols.data_ptr() % 16, row_ptr.data_ptr() % 16, x.is_contiguous(), w.is_contiguous(), tf32(x.dtype))
+           cols.data_ptr() % 16, row_ptr.data_ptr() % 16, x.is_contiguous(), w.is_contiguous(),
+           x.dtype is _F32 and _MATMUL.allow_tf32)
     plan = _FWD.get(key)
     if plan is None:
         plan = _keep(_FWD, key, _forward_plan(x, w, bias, cols, row_ptr, out_features))
@@ -125,7 +125,7 @@ def _fwd_prefix(facts, x, w, b, y, cols, row_ptr) -> tuple:
     """A forward launch's leading arguments: this call's tensors (and fresh split buffers)."""
     kind = facts[0]
     if kind is _TMA:
-        return Described(x, facts[1]), Described(w.view(-1, w.shape[2]), facts[2]), b, y, cols, row_ptr
+        return Described(x, facts[1]), Described(w, facts[2], w.shape[0] * w.shape[1]), b, y, cols, row_ptr
     if kind is _SPLIT:
         part = torch.empty(facts[1], x.shape[0], y.shape[1], dtype=torch.float32, device=x.device)
         return x, w, b, y, part, split_counts(x.device.index, facts[2]), cols, row_ptr
@@ -175,7 +175,7 @@ def _forward_plan(x, w, bias, cols, row_ptr, out_features):
 def grad_input(dy, w, rows, cols, col_ptr, col_order, in_features: int):
     key = (dy.shape, w.shape, in_features, dy.dtype, w.dtype, dy.device, dy.data_ptr() % 16, w.data_ptr() % 16,
            rows.data_ptr() % 16, col_ptr.data_ptr() % 16, col_order.data_ptr() % 16, dy.is_contiguous(),
-           w.is_contiguous(), tf32(dy.dtype))
+           w.is_contiguous(), dy.dtype is _F32 and _MATMUL.allow_tf32)
     plan = _DX.get(key)
     if plan is None:
         plan = _keep(_DX, key, _grad_input_plan(dy, w, rows, col_ptr, col_order, in_features))
@@ -188,7 +188,7 @@ def grad_input(dy, w, rows, cols, col_ptr, col_order, in_features: int):
 
 def _dx_prefix(facts, dy, w, dx, rows, col_ptr, col_order) -> tuple:
     if facts[0] is _TMA:
-        return Described(dy, facts[1]), Described(w.view(-1, w.shape[2]), facts[2]), dx, rows, col_ptr, col_order
+        return Described(dy, facts[1]), Described(w, facts[2], w.shape[0] * w.shape[1]), dx, rows, col_ptr, col_order
     return dy, w, dx, rows, col_ptr, col_order
 
 
@@ -233,7 +233,8 @@ def grad_weight_bias(dy, x, rows, cols, row_ptr, bh: int, bw: int):
 
 def _grad_weight(dy, x, rows, cols, row_ptr, bh, bw, with_db: bool):
     key = (dy.shape, x.shape, rows.shape, bh, bw, dy.dtype, x.dtype, x.device, dy.data_ptr() % 16,
-           x.data_ptr() % 16, cols.data_ptr() % 16, row_ptr.data_ptr() % 16, tf32(x.dtype), with_db)
+           x.data_ptr() % 16, cols.data_ptr() % 16, row_ptr.data_ptr() % 16, x.dtype is _F32 and _MATMUL.allow_tf32,
+           with_db)
     plan = _DW.get(key)
     if plan is None:
         plan = _keep(_DW, key, _grad_weight_plan(dy, x, rows, cols, row_ptr, bh, bw, with_db))
@@ -287,6 +288,7 @@ def _grad_weight_plan(dy, x, rows, cols, row_ptr, bh, bw, with_db):
 _FWD: dict = {}
 _DX: dict = {}
 _DW: dict = {}
+_F32, _MATMUL = torch.float32, torch.backends.cuda.matmul  # the keys' TF32 flag (triton_sizing.tf32), inlined
 
 
 def forget_plans() -> None:
