@@ -199,6 +199,9 @@ class KernelLoader:
         """The best implementation that works here (or ``ext_name``), loaded. ``device`` (a
         ``torch.device.type`` such as ``"cpu"``): the best one whose ops take tensors there."""
         key = (ext_name, strict, device)
+        found = self._cache.get(key)  # the per-call path (ops call this): a dict read, no lock
+        if found is not None:
+            return found
         with self._lock:
             found = self._cache.get(key)
             if found is None:
