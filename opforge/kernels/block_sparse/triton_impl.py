@@ -239,8 +239,9 @@ def _grad_weight(dy, x, rows, cols, row_ptr, bh, bw, with_db: bool):
     if plan is None:
         plan = _keep(_DW, key, _grad_weight_plan(dy, x, rows, cols, row_ptr, bh, bw, with_db))
     if plan is _REFERENCE:
-        return (reference.grad_weight(dy, x, rows, cols, row_ptr, bh, bw),
-                dy.sum(0, dtype=torch.float32).to(dy.dtype) if with_db else None)
+        if with_db:
+            return reference.grad_weight_bias(dy, x, rows, cols, row_ptr, bh, bw)
+        return reference.grad_weight(dy, x, rows, cols, row_ptr, bh, bw), None
     out = torch.empty(rows.shape[0], bh, bw, dtype=x.dtype, device=x.device)
     db = torch.empty(dy.shape[1], dtype=dy.dtype, device=dy.device) if with_db else None
     plan(_dw_prefix(plan.facts, dy, x, out, db, cols, row_ptr), x.device.index)
@@ -288,7 +289,9 @@ def _grad_weight_plan(dy, x, rows, cols, row_ptr, bh, bw, with_db):
 _FWD: dict = {}
 _DX: dict = {}
 _DW: dict = {}
-_F32, _MATMUL = torch.float32, torch.backends.cuda.matmul  # the keys' TF32 flag (triton_sizing.tf32), inlined
+_F32, _MATMUL = torch.float32, torch.backends.cuda.matmul
+"""The plan keys' TF32 flag, ``x.dtype is _F32 and _MATMUL.allow_tf32``, inlined (a call less per
+launch): fp32 follows ``allow_tf32`` as ``triton_sizing.precision`` does."""
 
 
 def forget_plans() -> None:

@@ -180,10 +180,6 @@ def decode_split(tokens: int, out_features: int, grid_r: int, nnz: int, bw: int,
     return preferred, most
 
 
-def tf32(dtype: torch.dtype) -> bool:
-    return dtype is torch.float32 and torch.backends.cuda.matmul.allow_tf32
-
-
 def device_facts(device: torch.device) -> tuple[int, int, bool]:
     """(SMs, L2 bytes, TMA) of a CUDA device, read once."""
     found = _DEVICES.get(device.index)
@@ -198,4 +194,4 @@ _DEVICES: dict = {}
 
 __all__ = ["KERNEL_DTYPES", "M_TILES", "SPLITS", "SPLIT_MAX_TOKENS", "TMA_MIN_TOKENS", "bucket", "cdiv",
            "decode_split", "depth", "device_facts", "dw_configs", "dw_fits", "fwd_configs", "has_tma", "m_configs",
-           "m_fits", "pow2", "precision", "split_counts", "supported", "tf32", "tma_ready"]
+           "m_fits", "pow2", "precision", "split_counts", "supported", "tma_ready"]
