@@ -17,7 +17,8 @@ weights requiring grad), each implementation:
 * **graph µs** (fwd only): one call captured in a CUDA graph and replayed, the GPU's time alone.
 
 Implementations: dense ``F.linear`` on the masked dense weight (cuBLAS), ``BlockSparseLinear``
-(opforge), torchao's ``BlockSparseTensor`` through ``F.linear`` (fwd only: it has no backward;
+(opforge: its launches replayed from C++, ``kernels/native_launch``), the same with every launch
+made from Python (``kernels/triton_launch.py``, as before the C++ path; "Python launch"), torchao's ``BlockSparseTensor`` through ``F.linear`` (fwd only: it has no backward;
 ``bias=None`` as it requires), and torch's BSR (``bsr_dense_mm``, fwd only). A peer that is not
 installed or fails is reported as such.
 """
@@ -115,6 +116,25 @@ def peers(w_dense: torch.Tensor, block: int) -> dict:
     return out
 
 
+def python_launch(fn):
+    """``fn`` with opforge's launches made from Python: the native tables' entry points set aside
+    for the call (their recipes stay defined, and nothing is defined meanwhile)."""
+    from opforge.kernels.block_sparse import triton_impl as ti
+
+    tables = (ti._NATIVE_FWD, ti._NATIVE_DX, ti._NATIVE_DW)
+
+    def run():
+        saved = [t.call for t in tables]
+        for t in tables:
+            t.call = None
+        try:
+            return fn()
+        finally:
+            for t, c in zip(tables, saved):
+                t.call = c if c is not None else t.call  # a recipe defined meanwhile keeps its entry point
+    return run
+
+
 def case(tokens, k_in, n_out, block, density, dtype, calls) -> list[dict]:
     from opforge.nn import BlockSparseLinear
 
@@ -148,7 +168,8 @@ def case(tokens, k_in, n_out, block, density, dtype, calls) -> list[dict]:
             rows.append({"op": op, "impl": impl, "host_s": res[0], "gpu_s": res[1], "graph_s": g})
 
     with torch.no_grad():
-        fwd = {"dense F.linear": lambda: F.linear(x, w_dense, b_dense), "opforge BlockSparseLinear": lambda: m(x)}
+        fwd = {"dense F.linear": lambda: F.linear(x, w_dense, b_dense), "opforge BlockSparseLinear": lambda: m(x),
+               "opforge, Python launch": python_launch(lambda: m(x))}
         for name, fn in peers(w_dense.detach(), block).items():
             fwd[name] = fn if isinstance(fn, str) else (lambda fn=fn: fn(x))
         timed("fwd", fwd, graph=True)
@@ -159,7 +180,8 @@ def case(tokens, k_in, n_out, block, density, dtype, calls) -> list[dict]:
     def sparse_step():
         m(xg).backward(dy)
 
-    timed("fwd+bwd", {"dense F.linear": dense_step, "opforge BlockSparseLinear": sparse_step}, graph=False)
+    timed("fwd+bwd", {"dense F.linear": dense_step, "opforge BlockSparseLinear": sparse_step,
+                      "opforge, Python launch": python_launch(sparse_step)}, graph=False)
     for r in rows:
         r.update(tokens=tokens, shape=f"{k_in}x{n_out}", block=block, density=round(m.layout.density, 4),
                  dtype=str(dtype).replace("torch.", ""))

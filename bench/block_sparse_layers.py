@@ -8,7 +8,8 @@ Usage::
 Each row is the CPU's time per call of a loop of 200 calls with no sync inside (the GPU keeps
 up at these sizes), the median of 7 loops. Layers, outermost first: the module; the kernel
 contract's ``forward`` / ``grad_input`` / ``grad_weight`` (planning done: the key, the outputs'
-allocation, the launch); fwd+bwd of the module, of dense ``F.linear`` and of one native op
+allocation, the launch), each replayed from C++ (``kernels/native_launch``) and made from Python
+("py"); the native op's call alone; fwd+bwd of the module, of dense ``F.linear`` and of one native op
 (``x * 1.0``), each with ``backward(dy)``.
 """
 
@@ -47,6 +48,9 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench/block_sparse_layers.py needs a CUDA GPU")
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    from block_sparse_calls import python_launch
+
     from opforge.kernels.block_sparse import triton_impl as ti
     from opforge.nn import BlockSparseLinear
 
@@ -67,12 +71,19 @@ def main() -> None:
             r["F.linear"] = host(lambda: F.linear(x, wd, bd))
             r["module"] = host(lambda: m(x))
             r["forward"] = host(lambda: ti.forward(x, w, b, idx.rows, idx.cols, idx.row_ptr, n))
+            r["forward py"] = host(python_launch(lambda: ti.forward(x, w, b, idx.rows, idx.cols, idx.row_ptr, n)))
+            call = ti._NATIVE_FWD.call
+            if call is not None:
+                r["native op"] = host(lambda: call(x, w, b, idx.cols, idx.row_ptr, n, False))
             r["grad_input"] = host(lambda: ti.grad_input(dy, w, idx.rows, idx.cols, idx.col_ptr, idx.col_order, n))
             r["grad_weight"] = host(lambda: ti.grad_weight(dy, x, idx.rows, idx.cols, idx.row_ptr, bs, bs))
+            r["grad_weight py"] = host(python_launch(lambda: ti.grad_weight(dy, x, idx.rows, idx.cols, idx.row_ptr,
+                                                                            bs, bs)))
             r["dy.sum(0)"] = host(lambda: dy.sum(0))
         r["module fwd (grad)"] = host(lambda: m(xg))
         r["fwd+bwd dense"] = host(lambda: F.linear(xg, wd, bd).backward(dy))
         r["fwd+bwd module"] = host(lambda: m(xg).backward(dy))
+        r["fwd+bwd module py"] = host(python_launch(lambda: m(xg).backward(dy)))
         r["fwd+bwd x*1.0"] = host(lambda: (xg * 1.0).backward(dy))
         print(f"T={tokens}: " + ", ".join(f"{k} {v:.1f}" for k, v in r.items()), flush=True)
 

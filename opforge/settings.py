@@ -89,6 +89,10 @@ class Settings:
     triton_direct: bool = True
     """``OPFORGE_TRITON_DIRECT``: ``0`` sends every Triton launch through triton's own ``kernel[grid](...)``
     path instead of the compiled kernel's launcher (``kernels/triton_launch.py``; read once per process)."""
+    native_launch: bool = True
+    """``OPFORGE_NATIVE_LAUNCH``: ``0`` keeps Triton launches in Python (``kernels/triton_launch.py``)
+    instead of replaying each call shape's launch from C++ (``kernels/native_launch``; read once per
+    process)."""
 
     def build_env(self) -> tuple[tuple[str, str], ...]:
         """The variables that change a binary, as (name, value) pairs for the build key."""
@@ -197,6 +201,7 @@ def current(env: Mapping[str, str] | None = None) -> Settings:
         fallback_notice=(env.get("OPFORGE_FALLBACK_NOTICE") or "1").strip().lower() not in ("0", "false", "no", "off"),
         triton_tuning=_tuning(env.get("OPFORGE_TRITON_TUNING")),
         triton_direct=(env.get("OPFORGE_TRITON_DIRECT") or "1").strip().lower() not in ("0", "false", "no", "off"),
+        native_launch=(env.get("OPFORGE_NATIVE_LAUNCH") or "1").strip().lower() not in ("0", "false", "no", "off"),
     )
 
 

@@ -96,7 +96,7 @@ def test_later_calls_launch_the_compiled_kernel_without_the_jit(monkeypatch):
     if triton.__version__.startswith(("3.5.", "3.6.")):
         assert all(p.raw is not None for p in tma), triton.__version__
     # the same arguments through triton's own path (its own descriptors): the same results
-    monkeypatch.setattr(triton_launch, "_direct", lambda: False)
+    monkeypatch.setattr(triton_launch, "direct", lambda: False)
     with torch.no_grad():
         assert torch.equal(m(x), y.detach())
     assert jit and set(triton_impl.KERNELS) >= {"fwd", "dw"}

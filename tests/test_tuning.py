@@ -143,7 +143,7 @@ def test_the_launch_after_the_first_skips_the_jit(cache, monkeypatch):
     compiled kernel's launcher with the meta-parameters appended; a new specialization (an int
     that becomes 1 or a multiple of 16, another dtype, another value of a constexpr) goes through
     the JIT again."""
-    monkeypatch.setattr(triton_launch, "_direct", lambda: True)
+    monkeypatch.setattr(triton_launch, "direct", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     kernel = FakeKernel()
     t = TunedKernel("fam", kernel, CONFIGS)

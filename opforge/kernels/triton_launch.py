@@ -200,7 +200,7 @@ class TunedKernel:
             with torch.cuda.device(device):
                 return self.launch(choice, grid, args, device)
         compiled = self._compiled.get((choice.index, device, self.spec(args)))
-        if compiled is None or not _direct():
+        if compiled is None or not direct():
             self._jit_launch(choice, grid, args, device)
             return
         g1 = grid[1] if len(grid) > 1 else 1
@@ -236,7 +236,7 @@ class Plan:
     descriptors encoded once per address, shape and box (``triton_tma.py``), where triton's
     layout allows."""
 
-    __slots__ = ("kernel", "choice", "grid", "consts", "tail", "compiled", "facts", "raw", "has_desc")
+    __slots__ = ("kernel", "choice", "grid", "consts", "tail", "compiled", "facts", "raw", "has_desc", "native")
 
     def __init__(self, kernel: TunedKernel, choice: Choice, grid: tuple, consts: tuple, facts=None):
         self.kernel, self.choice, self.consts, self.facts = kernel, choice, consts, facts
@@ -244,10 +244,11 @@ class Plan:
         self.tail = consts + choice.values
         self.compiled = self.raw = None
         self.has_desc = False
+        self.native = ""  # why a NativeTable can't replay its launch, once one refused it (the caller's business)
 
     def __call__(self, prefix: tuple, device: int) -> None:
         c = self.compiled
-        if c is not None and _direct() and device == torch.cuda.current_device():
+        if c is not None and direct() and device == torch.cuda.current_device():
             g = self.grid
             if self.raw is not None:
                 self.raw(g, _stream(device), prefix, self.tail)
@@ -275,10 +276,11 @@ _STREAM: list = []
 _DIRECT: list = []
 
 
-def _direct() -> bool:
+def direct() -> bool:
+    """Launch compiled kernels directly (``OPFORGE_TRITON_DIRECT``, and no launch hook installed)."""
     if not _DIRECT:
         _DIRECT.append(settings.current().triton_direct)
     return _DIRECT[0] and not _hooks_active()
 
 
-__all__ = ["Choice", "Plan", "TunedKernel", "spec"]
+__all__ = ["Choice", "Plan", "TunedKernel", "direct", "spec"]

@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import torch
 
+from ..native_launch import NativeTable
 from ..triton_compat import triton
+from .. import triton_launch
 from ..triton_launch import Plan, TunedKernel
 from ..triton_tma import Described
 from . import reference
@@ -106,18 +108,45 @@ def _joined(built):
     return grid, prefix + consts
 
 
+def _define(table: NativeTable, missed: bool, plan, prefix: tuple, inputs: tuple, scalars: tuple,
+            outputs: list) -> None:
+    """Define ``plan``'s launch, just made with ``prefix``, in the native table when the table missed
+    this call (``missed``) or has no recipe yet: the next call with these inputs' key launches from
+    C++. Not for a launch the recipe can't make (``plan.native`` holds why), under a CUDA graph
+    capture (the plan isn't kept: its config was chosen untimed), or with the tensors' device not
+    the current one."""
+    if not (missed or (table.call is None and not table.defined)) or not table.wanted or plan.native:
+        return
+    if plan.compiled is None or torch.cuda.is_current_stream_capturing():
+        return
+    if inputs[0].device.index != torch.cuda.current_device() or not triton_launch.direct():
+        return
+    if not table.define(plan.compiled, plan.grid, prefix + plan.tail, inputs, scalars, outputs):
+        plan.native = table.reason or "refused"
+
+
 def forward(x, w, bias, rows, cols, row_ptr, out_features: int):
+    tf32 = x.dtype is _F32 and _MATMUL.allow_tf32
+    native = _NATIVE_FWD.call
+    if native is not None and triton_launch.direct():
+        got = native(x, w, bias, cols, row_ptr, out_features, tf32)
+        if got:
+            return got[0]
     key = (x.shape, w.shape, out_features, x.dtype, w.dtype, None if bias is None else bias.dtype, x.device,
            x.data_ptr() % 16, w.data_ptr() % 16, None if bias is None else bias.data_ptr() % 16,
-           cols.data_ptr() % 16, row_ptr.data_ptr() % 16, x.is_contiguous(), w.is_contiguous(),
-           x.dtype is _F32 and _MATMUL.allow_tf32)
+           cols.data_ptr() % 16, row_ptr.data_ptr() % 16, x.is_contiguous(), w.is_contiguous(), tf32)
     plan = _FWD.get(key)
     if plan is None:
         plan = _keep(_FWD, key, _forward_plan(x, w, bias, cols, row_ptr, out_features))
     if plan is _REFERENCE:
         return reference.forward(x, w, bias, rows, cols, row_ptr, out_features)
     y = torch.empty(x.shape[0], out_features, dtype=x.dtype, device=x.device)
-    plan(_fwd_prefix(plan.facts, x, w, bias if bias is not None else w, y, cols, row_ptr), x.device.index)
+    prefix = _fwd_prefix(plan.facts, x, w, bias if bias is not None else w, y, cols, row_ptr)
+    plan(prefix, x.device.index)
+    if not plan.native:
+        outputs = [(y, True)] + ([(prefix[4], False)] if plan.facts[0] is _SPLIT else [])
+        _define(_NATIVE_FWD, native is not None, plan, prefix, (x, w, bias, cols, row_ptr), (out_features, tf32),
+                outputs)
     return y
 
 
@@ -173,16 +202,25 @@ def _forward_plan(x, w, bias, cols, row_ptr, out_features):
 
 
 def grad_input(dy, w, rows, cols, col_ptr, col_order, in_features: int):
+    tf32 = dy.dtype is _F32 and _MATMUL.allow_tf32
+    native = _NATIVE_DX.call
+    if native is not None and triton_launch.direct():
+        got = native(dy, w, rows, col_ptr, col_order, in_features, tf32)
+        if got:
+            return got[0]
     key = (dy.shape, w.shape, in_features, dy.dtype, w.dtype, dy.device, dy.data_ptr() % 16, w.data_ptr() % 16,
            rows.data_ptr() % 16, col_ptr.data_ptr() % 16, col_order.data_ptr() % 16, dy.is_contiguous(),
-           w.is_contiguous(), dy.dtype is _F32 and _MATMUL.allow_tf32)
+           w.is_contiguous(), tf32)
     plan = _DX.get(key)
     if plan is None:
         plan = _keep(_DX, key, _grad_input_plan(dy, w, rows, col_ptr, col_order, in_features))
     if plan is _REFERENCE:
         return reference.grad_input(dy, w, rows, cols, col_ptr, col_order, in_features)
     dx = torch.empty(dy.shape[0], in_features, dtype=dy.dtype, device=dy.device)
-    plan(_dx_prefix(plan.facts, dy, w, dx, rows, col_ptr, col_order), dy.device.index)
+    prefix = _dx_prefix(plan.facts, dy, w, dx, rows, col_ptr, col_order)
+    plan(prefix, dy.device.index)
+    if not plan.native:
+        _define(_NATIVE_DX, native is not None, plan, prefix, (dy, w, rows, col_ptr, col_order), (in_features, tf32), [(dx, True)])
     return dx
 
 
@@ -232,9 +270,14 @@ def grad_weight_bias(dy, x, rows, cols, row_ptr, bh: int, bw: int):
 
 
 def _grad_weight(dy, x, rows, cols, row_ptr, bh, bw, with_db: bool):
+    tf32 = x.dtype is _F32 and _MATMUL.allow_tf32
+    native = _NATIVE_DW.call
+    if native is not None and triton_launch.direct():
+        got = native(dy, x, cols, row_ptr, rows, bh << 16 | bw, 2 * with_db + tf32)
+        if got:
+            return got[0], (got[1] if with_db else None)
     key = (dy.shape, x.shape, rows.shape, bh, bw, dy.dtype, x.dtype, x.device, dy.data_ptr() % 16,
-           x.data_ptr() % 16, cols.data_ptr() % 16, row_ptr.data_ptr() % 16, x.dtype is _F32 and _MATMUL.allow_tf32,
-           with_db)
+           x.data_ptr() % 16, cols.data_ptr() % 16, row_ptr.data_ptr() % 16, tf32, with_db)
     plan = _DW.get(key)
     if plan is None:
         plan = _keep(_DW, key, _grad_weight_plan(dy, x, rows, cols, row_ptr, bh, bw, with_db))
@@ -244,7 +287,13 @@ def _grad_weight(dy, x, rows, cols, row_ptr, bh, bw, with_db: bool):
         return reference.grad_weight(dy, x, rows, cols, row_ptr, bh, bw), None
     out = torch.empty(rows.shape[0], bh, bw, dtype=x.dtype, device=x.device)
     db = torch.empty(dy.shape[1], dtype=dy.dtype, device=dy.device) if with_db else None
-    plan(_dw_prefix(plan.facts, dy, x, out, db, cols, row_ptr), x.device.index)
+    prefix = _dw_prefix(plan.facts, dy, x, out, db, cols, row_ptr)
+    plan(prefix, x.device.index)
+    if not plan.native:
+        outputs = [(out, True)] + ([(db, True)] if with_db else [])
+        if plan.facts[0] > 1:  # the split's fp32 partials (db's share dw's buffer without db)
+            outputs += [(prefix[3], False)] + ([(prefix[5], False)] if with_db else [])
+        _define(_NATIVE_DW, native is not None, plan, prefix, (dy, x, cols, row_ptr, rows), (bh << 16 | bw, 2 * with_db + tf32), outputs)
     return out, db
 
 
@@ -289,6 +338,11 @@ def _grad_weight_plan(dy, x, rows, cols, row_ptr, bh, bw, with_db):
 _FWD: dict = {}
 _DX: dict = {}
 _DW: dict = {}
+_NATIVE_FWD, _NATIVE_DX, _NATIVE_DW = (NativeTable(f"block_sparse.{n}") for n in ("fwd", "dx", "dw"))
+"""Each launch's recipe, once planned, for the C++ launch path (``kernels/native_launch``): a call
+whose inputs match a defined recipe's key is one op call; anything else plans here. The keys
+(inputs' shapes, strides, dtypes, alignment, the tf32 flag, the device and stream) cover what
+the plan keys above do."""
 _F32, _MATMUL = torch.float32, torch.backends.cuda.matmul
 """The plan keys' TF32 flag, ``x.dtype is _F32 and _MATMUL.allow_tf32``, inlined (a call less per
 launch): fp32 follows ``allow_tf32`` as ``triton_sizing.precision`` does."""
@@ -298,6 +352,8 @@ def forget_plans() -> None:
     """Plan every call shape again (tests that change how calls are planned)."""
     for plans in (_FWD, _DX, _DW):
         plans.clear()
+    for table in (_NATIVE_FWD, _NATIVE_DX, _NATIVE_DW):
+        table.forget()
 
 
 __all__ = ["forward", "grad_input", "grad_weight", "grad_weight_bias"]
