@@ -11,7 +11,8 @@ weights requiring grad), each implementation:
 
 * **host µs**: CPU wall time of ``--calls`` calls enqueued back to back (no sync inside; the
   GPU's queue never fills at these counts), per call, the median of 9 rounds, the
-  implementations of one op interleaved in a rotating order each round (the host's speed drifts);
+  implementations of one op interleaved in a rotating order each round (the host's speed drifts),
+  Python's garbage collector off while timing (as ``timeit`` does);
 * **GPU µs back to back**: CUDA events around the same loop, per call: what a training or
   serving loop sees, host and GPU overlapped (the larger of the two wins);
 * **graph µs** (fwd only): one call captured in a CUDA graph and replayed, the GPU's time alone.
@@ -26,6 +27,7 @@ installed or fails is reported as such.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import statistics
@@ -55,6 +57,31 @@ def host_and_gpu(fns: dict, calls: int, rounds: int = 9) -> dict:
     host: dict = {n: [] for n in live}
     gpu: dict = {n: [] for n in live}
     names = list(live)
+    with _no_gc():
+        _rounds(live, names, rounds, calls, host, gpu)
+    out.update({n: (statistics.median(host[n]), statistics.median(gpu[n])) for n in live})
+    return out
+
+
+class _no_gc:
+    """Python's garbage collector off while timing, as ``timeit`` does: a collection of the older
+    generations walks every object of the process (torchao's and triton's included), a ms or
+    more, and lands in whichever loop tips its counter (``--gc`` leaves it on)."""
+
+    off = True  # --gc: leave it on
+
+    def __enter__(self):
+        gc.collect()
+        self.was = gc.isenabled()
+        if self.off:
+            gc.disable()
+
+    def __exit__(self, *exc):
+        if self.was:
+            gc.enable()
+
+
+def _rounds(live, names, rounds, calls, host, gpu) -> None:
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)] if names else []:
             fn = live[name]
@@ -68,8 +95,6 @@ def host_and_gpu(fns: dict, calls: int, rounds: int = 9) -> dict:
             end.record()
             torch.cuda.synchronize()
             gpu[name].append(start.elapsed_time(end) / 1e3 / calls)
-    out.update({n: (statistics.median(host[n]), statistics.median(gpu[n])) for n in live})
-    return out
 
 
 def graph_time(fn, calls: int = 20) -> float | None:
@@ -202,7 +227,9 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--gc", action="store_true", help="leave Python's garbage collector on while timing")
     args = ap.parse_args()
+    _no_gc.off = not args.gc
     if not torch.cuda.is_available():
         sys.exit("bench/block_sparse_calls.py needs a CUDA GPU")
     sys.path.insert(0, __file__.rsplit("/", 1)[0])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels import triton_launch
 from ..kernels.block_sparse.layout import BlockSparseLayout
 from ..kernels.block_sparse.loader import BlockSparseLoader
 
@@ -163,6 +164,11 @@ def block_sparse_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | N
     >>> block_sparse_linear(torch.ones(1, 4), torch.ones(2, 1, 2), None, lay)
     tensor([[2., 2.]])
     """
+    table = _NATIVE[0]
+    if table is not None and table.call is not None and type(x) is torch.Tensor and x.is_cuda:
+        y = _replayed(table.call, x, w, bias, layout)
+        if y is not None:
+            return y
     try:
         seen = (type(x), x.dtype, x.device, x.shape[-1] if x.ndim else None, type(w), w.dtype, w.device, w.shape,
                 None if bias is None else (type(bias), bias.dtype, bias.device, bias.shape), layout.signature)
@@ -179,8 +185,11 @@ def block_sparse_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | N
     x2 = x if x.ndim == 2 else x.reshape(-1, in_features)
     route = _route(x, w, bias)
     if route == _KERNEL:
-        y = _kernel(x).forward(x2.contiguous(), w.contiguous(), None if bias is None else bias.contiguous(),
-                               idx.rows, idx.cols, idx.row_ptr, out_features)
+        kernel = _kernel(x)
+        y = kernel.forward(x2.contiguous(), w.contiguous(), None if bias is None else bias.contiguous(),
+                           idx.rows, idx.cols, idx.row_ptr, out_features)
+        if _NATIVE[0] is None and x.is_cuda:
+            _NATIVE[0] = getattr(kernel, "NATIVE_FORWARD", None)
     elif route == _FUNCTION:
         y = _Linear.apply(x2.contiguous(), w.contiguous(), None if bias is None else bias.contiguous(), idx,
                           out_features, _kernel(x))
@@ -195,6 +204,38 @@ signature). A call like one already checked is not checked again; anything else 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _KERNEL, _FUNCTION, _OP = 0, 1, 2
+_NATIVE: list = [None]
+"""The CUDA kernel's table of forward launches replayed from C++ (``NATIVE_FORWARD``, a
+``kernels.native_launch.NativeTable``), once a call has gone to that kernel."""
+_MATMUL = torch.backends.cuda.matmul
+
+
+def _replayed(call, x, w, bias, layout):
+    """A no-grad forward of plain CUDA tensors as one native op call, or None (then the full path
+    runs). Skipping ``check``, the route and ``.contiguous()`` is sound on a hit: a recipe is
+    defined only by a call that passed them all, under the key of its inputs (every dtype,
+    device, size, stride and alignment of x, w, bias and the layout's cols and row_ptr, with
+    out_features), so a call that hits has the same types, shapes and strides; and
+    ``x.shape[-1] == in_features`` is checked here, the one fact of ``check`` not in the key,
+    and w's shape against the layout's, since a recipe may also come from a direct call of the
+    kernel contract, which checks nothing."""
+    if type(w) not in _PLAIN or (bias is not None and type(bias) not in _PLAIN) or type(layout) is not BlockSparseLayout:
+        return None
+    (out_features, in_features), (bh, bw), nnz = layout.signature
+    if not x.ndim or x.shape[-1] != in_features or w.shape != (nnz, bh, bw) or torch.compiler.is_compiling():
+        return None
+    if w.dtype != x.dtype or (bias is not None and (bias.shape != (out_features,) or bias.dtype != x.dtype)):
+        return None
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (bias is not None and bias.requires_grad)):
+        return None
+    if not triton_launch.direct():
+        return None
+    idx = layout.indices(x.device)
+    x2 = x if x.ndim == 2 else x.reshape(-1, in_features)
+    got = call(x2, w, bias, idx.cols, idx.row_ptr, out_features, x.dtype is torch.float32 and _MATMUL.allow_tf32)
+    if not got:
+        return None
+    return got[0] if x.ndim == 2 else got[0].view(*x.shape[:-1], out_features)
 
 
 def _route(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> int:

@@ -50,6 +50,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "native_recipe.h"
 #include "opforge_stable.h"
 
 #ifndef OPFORGE_NS
@@ -58,20 +59,16 @@
 
 namespace {
 
-using torch::stable::Tensor;
+using namespace opforge_native;  // Recipe, make_recipe, pack_params (native_recipe.h)
 using OptT = std::optional<Tensor>;
 
-// -- the CUDA driver's C ABI (cuda.h; stable since CUDA 4 and 12.0): the three entry points
-// used, with opaque handles and enums as integers --
+// -- the CUDA driver's C ABI (cuda.h; stable since CUDA 4 and 12.0): the entry points used, with
+// opaque handles and enums as integers (cuTensorMapEncodeTiled's type: native_recipe.h) --
 using CuResult = int;
 using LaunchFn = CuResult (*)(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                               unsigned bz, unsigned shared, void* stream, void** params, void** extra);
-using EncodeFn = CuResult (*)(void* map, int dtype, uint32_t rank, void* addr, const uint64_t* dims,
-                              const uint64_t* strides, const uint32_t* box, const uint32_t* elem_strides,
-                              int interleave, int swizzle, int l2_promotion, int oob_fill);
 using ErrorFn = CuResult (*)(CuResult, const char**);
 using StreamFn = int32_t (*)(int32_t device, void** stream);  // aoti_torch_get_current_cuda_stream
-constexpr int kL2Promotion128B = 2, kInterleaveNone = 0, kOobFillNone = 0;  // triton's choices
 
 struct Driver {
   LaunchFn launch = nullptr;
@@ -109,35 +106,6 @@ void check(CuResult r, const char* what) {
   if (driver().error) driver().error(r, &s);
   STD_TORCH_CHECK(false, "native_launch: ", what, " failed: CUDA error ", r, " (", s ? s : "unknown", ")");
 }
-
-// -- recipes --
-
-enum Slot : int64_t { kPtr = 0, kInt = 1, kTma = 3 };
-constexpr int kInputs = 5, kMaxParams = 96, kParamBytes = 4096, kMapBytes = 128;
-
-struct Param {
-  int64_t kind, src = 0, width = 0, value = 0, rows = 0, swizzle = 0, elem_size = 0, elem_type = 0;
-  std::vector<uint32_t> box;
-  size_t offset = 0;
-  // the last encoding of this TMA slot and what it was encoded from (a pure function of them)
-  std::vector<uint64_t> last_in;
-  alignas(128) unsigned char last_map[kMapBytes];
-};
-
-struct Output {
-  torch::headeronly::ScalarType dtype;
-  bool returned;
-  std::vector<int64_t> sizes;
-};
-
-struct Recipe {
-  int64_t launch[6];
-  std::vector<Output> outputs;
-  std::vector<Param> params;  // one per kernel parameter slot (a TMA slot's sizes and strides follow it)
-  std::vector<Tensor> held;
-  size_t bytes = 0;
-  int n_params = 0;
-};
 
 struct KeyHash {
   size_t operator()(const std::vector<int64_t>& k) const {
@@ -188,153 +156,6 @@ std::vector<int64_t> key_of(int64_t table, const OptT* in, int64_t s0, int64_t s
   return k;
 }
 
-size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
-
-Recipe make_recipe(const std::vector<int64_t>& launch, const std::vector<int64_t>& outputs,
-                   const std::vector<int64_t>& program, const std::vector<Tensor>& held) {
-  STD_TORCH_CHECK(launch.size() == 6, "native_launch.define: launch must be [function, gx, gy, gz, warps, shared]");
-  Recipe r;
-  std::memcpy(r.launch, launch.data(), sizeof(r.launch));
-  for (size_t i = 0; i < outputs.size();) {
-    STD_TORCH_CHECK(i + 3 <= outputs.size(), "native_launch.define: a truncated output");
-    Output o{static_cast<torch::headeronly::ScalarType>(outputs[i]), outputs[i + 1] != 0, {}};
-    int64_t nd = outputs[i + 2];
-    STD_TORCH_CHECK(nd >= 0 && i + 3 + nd <= outputs.size(), "native_launch.define: a truncated output");
-    o.sizes.assign(outputs.begin() + i + 3, outputs.begin() + i + 3 + nd);
-    r.outputs.push_back(std::move(o));
-    i += 3 + nd;
-  }
-  STD_TORCH_CHECK(r.outputs.size() <= 16, "native_launch.define: at most 16 outputs");
-  r.held = held;
-  size_t off = 0;
-  auto add = [&](Param p, size_t size, size_t align) {
-    p.offset = off = align_up(off, align);
-    off += size;
-    r.params.push_back(std::move(p));
-  };
-  auto check_src = [&](int64_t src) {
-    bool ok = (src >= 0 && src < kInputs) || (src >= 16 && src < 16 + static_cast<int64_t>(r.outputs.size())) ||
-              (src >= 32 && src < 32 + static_cast<int64_t>(held.size()));
-    STD_TORCH_CHECK(ok, "native_launch.define: slot source ", src, " names no input, output or held tensor");
-  };
-  for (size_t i = 0; i < program.size();) {
-    Param p;
-    p.kind = program[i];
-    if (p.kind == kPtr && i + 2 <= program.size()) {
-      p.src = program[i + 1];
-      check_src(p.src);
-      add(std::move(p), 8, 8);
-      i += 2;
-    } else if (p.kind == kInt && i + 3 <= program.size()) {
-      p.width = program[i + 1];
-      p.value = program[i + 2];
-      STD_TORCH_CHECK(p.width == 1 || p.width == 2 || p.width == 4 || p.width == 8,
-                      "native_launch.define: an integer of ", p.width, " bytes");
-      size_t w = static_cast<size_t>(p.width);
-      add(std::move(p), w, w);
-      i += 3;
-    } else if (p.kind == kTma && i + 7 <= program.size()) {
-      p.src = program[i + 1];
-      p.rows = program[i + 2];
-      p.swizzle = program[i + 3];
-      p.elem_size = program[i + 4];
-      p.elem_type = program[i + 5];
-      int64_t nd = program[i + 6];
-      STD_TORCH_CHECK(nd >= 1 && nd <= 5 && i + 7 + nd <= program.size() && (p.rows == 0 || nd == 2),
-                      "native_launch.define: a TMA slot of rank ", nd);
-      check_src(p.src);
-      for (int64_t d = 0; d < nd; ++d) p.box.push_back(static_cast<uint32_t>(program[i + 7 + d]));
-      add(std::move(p), kMapBytes, 128);
-      for (int64_t d = 0; d < nd; ++d) add(Param{kInt, 0, 4}, 4, 4);  // sizes: filled by the TMA slot
-      for (int64_t d = 0; d < nd; ++d) add(Param{kInt, 0, 8}, 8, 8);  // strides
-      r.params[r.params.size() - 2 * nd - 1].value = nd;
-      i += 7 + nd;
-    } else {
-      STD_TORCH_CHECK(false, "native_launch.define: a bad slot (kind ", p.kind, ") at ", i);
-    }
-  }
-  STD_TORCH_CHECK(r.params.size() <= kMaxParams && off <= kParamBytes, "native_launch.define: ",
-                  r.params.size(), " parameters of ", off, " bytes; at most ", kMaxParams, " and ", kParamBytes);
-  r.bytes = off;
-  r.n_params = static_cast<int>(r.params.size());
-  return r;
-}
-
-// The dims (outermost first) and element strides a TMA slot reads ``t`` as.
-void tma_dims(const Param& p, const Tensor& t, std::vector<uint64_t>& dims, std::vector<uint64_t>& strides) {
-  size_t nd = p.box.size();
-  if (p.rows > 0) {
-    dims = {static_cast<uint64_t>(p.rows), static_cast<uint64_t>(t.numel() / p.rows)};
-    strides = {dims[1], 1};
-    return;
-  }
-  auto s = t.sizes();
-  auto st = t.strides();
-  STD_TORCH_CHECK(s.size() == nd, "native_launch: a TMA slot of rank ", nd, " over a tensor of rank ", s.size());
-  dims.assign(s.begin(), s.end());
-  strides.assign(st.begin(), st.end());
-}
-
-// Fill ``buf`` with the parameters of ``r`` for this call's tensors; ``dry``: TMA slots hold
-// their encoding's inputs ([address, swizzle, elem_size, elem_type, rank, dims..., byte
-// strides..., box...] as uint64, innermost first as the driver takes them) instead of a descriptor.
-void pack_params(Recipe& r, const Tensor* const* src, unsigned char* buf, void** params, bool dry) {
-  std::memset(buf, 0, r.bytes);  // the padding between parameters: zeros (pack's bytes are compared)
-  for (int i = 0; i < r.n_params; ++i) {
-    Param& p = r.params[i];
-    unsigned char* at = buf + p.offset;
-    params[i] = at;
-    if (p.kind == kPtr) {
-      uint64_t v = reinterpret_cast<uintptr_t>(src[p.src]->data_ptr());
-      std::memcpy(at, &v, 8);
-    } else if (p.kind == kInt) {
-      std::memcpy(at, &p.value, static_cast<size_t>(p.width));  // little-endian: the low bytes
-    } else {  // kTma, then its sizes and strides
-      const Tensor& t = *src[p.src];
-      std::vector<uint64_t> dims, strides;
-      tma_dims(p, t, dims, strides);
-      size_t nd = dims.size();
-      uint64_t in[4 + 3 * 5];
-      in[0] = reinterpret_cast<uintptr_t>(t.data_ptr());
-      in[1] = p.swizzle, in[2] = p.elem_size, in[3] = p.elem_type;
-      uint64_t gdim[5], gstride[5];
-      uint32_t box[5], ones[5] = {1, 1, 1, 1, 1};
-      for (size_t d = 0; d < nd; ++d) {
-        gdim[d] = dims[nd - 1 - d];
-        box[d] = p.box[nd - 1 - d];
-        // byte strides of dims 1.., innermost first; the last entry as triton fills it (unread)
-        gstride[d] = d + 1 < nd ? strides[nd - 2 - d] * p.elem_size : gdim[d] * (nd == 1 ? p.elem_size : gstride[d - 1]);
-      }
-      std::vector<uint64_t> inputs(in, in + 4);
-      inputs.insert(inputs.end(), gdim, gdim + nd);
-      inputs.insert(inputs.end(), gstride, gstride + nd);
-      inputs.insert(inputs.end(), box, box + nd);
-      if (dry) {
-        std::memset(at, 0, kMapBytes);
-        std::memcpy(at, inputs.data(), std::min<size_t>(kMapBytes, inputs.size() * 8));
-      } else if (inputs == p.last_in) {
-        std::memcpy(at, p.last_map, kMapBytes);
-      } else {
-        check(driver().encode(p.last_map, static_cast<int>(p.elem_type), static_cast<uint32_t>(nd),
-                              reinterpret_cast<void*>(in[0]), gdim, gstride, box, ones, kInterleaveNone,
-                              static_cast<int>(p.swizzle), kL2Promotion128B, kOobFillNone),
-              "cuTensorMapEncodeTiled");
-        p.last_in = std::move(inputs);
-        std::memcpy(at, p.last_map, kMapBytes);
-      }
-      for (size_t d = 0; d < nd; ++d) {
-        int32_t s32 = static_cast<int32_t>(dims[d]);
-        int64_t st = static_cast<int64_t>(strides[d]);
-        std::memcpy(buf + r.params[i + 1 + d].offset, &s32, 4);
-        std::memcpy(buf + r.params[i + 1 + nd + d].offset, &st, 8);
-        params[i + 1 + d] = buf + r.params[i + 1 + d].offset;
-        params[i + 1 + nd + d] = buf + r.params[i + 1 + nd + d].offset;
-      }
-      i += static_cast<int>(2 * nd);
-    }
-  }
-}
-
 std::vector<Tensor> run(int64_t table, OptT t0, OptT t1, OptT t2, OptT t3, OptT t4, int64_t s0, int64_t s1,
                         bool dry) {
   const OptT in[kInputs] = {t0, t1, t2, t3, t4};
@@ -353,6 +174,8 @@ std::vector<Tensor> run(int64_t table, OptT t0, OptT t1, OptT t2, OptT t3, OptT 
       return {};
     }
     ++g_hits;
+    STD_TORCH_CHECK(dry || t0->is_cuda(), "native_launch.call: a recipe launches on CUDA tensors; t0 is on ",
+                    opforge_stable::device_name(*t0), " (pack is the dry run)");
     Recipe& r = it->second;
     std::memcpy(launch, r.launch, sizeof(launch));
     const Tensor* src[32 + 16];
@@ -363,7 +186,8 @@ std::vector<Tensor> run(int64_t table, OptT t0, OptT t1, OptT t2, OptT t3, OptT 
       outs.push_back(torch::stable::new_empty(*t0, torch::headeronly::IntHeaderOnlyArrayRef(o.sizes), o.dtype));
     for (size_t j = 0; j < outs.size(); ++j) src[16 + j] = &outs[j];
     for (size_t h = 0; h < n_held; ++h) src[32 + h] = &r.held[h];
-    pack_params(r, src, buf, params, dry);
+    int err = pack_params(r, src, buf, params, dry, dry ? nullptr : driver().encode);
+    if (err != 0) check(err, "cuTensorMapEncodeTiled");
     if (dry) {
       Tensor bytes = torch::stable::new_empty(*t0, {static_cast<int64_t>(r.bytes)}, torch::headeronly::ScalarType::Byte);
       Tensor info = torch::stable::new_empty(*t0, {6}, torch::headeronly::ScalarType::Long);
@@ -378,8 +202,6 @@ std::vector<Tensor> run(int64_t table, OptT t0, OptT t1, OptT t2, OptT t3, OptT 
       if (r.outputs[j].returned) returned.push_back(outs[j]);
     outs.swap(returned);
   }
-  STD_TORCH_CHECK(t0->is_cuda(), "native_launch.call: a recipe launches on CUDA tensors; t0 is on ",
-                  opforge_stable::device_name(*t0), " (pack is the dry run)");
   const Driver& d = driver();
   if (launch[1] * launch[2] * launch[3] > 0)
     check(d.launch(reinterpret_cast<void*>(launch[0]), static_cast<unsigned>(launch[1]),
