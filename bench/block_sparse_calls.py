@@ -18,8 +18,9 @@ weights requiring grad), each implementation:
 * **graph µs** (fwd only): one call captured in a CUDA graph and replayed, the GPU's time alone.
 
 Implementations: dense ``F.linear`` on the masked dense weight (cuBLAS), ``BlockSparseLinear``
-(opforge: its launches replayed from C++, ``kernels/native_launch``), the same with every launch
-made from Python (``kernels/triton_launch.py``, as before the C++ path; "Python launch"), torchao's ``BlockSparseTensor`` through ``F.linear`` (fwd only: it has no backward;
+(opforge: its launches replayed from C++, ``kernels/native_launch``, and training through the C++
+autograd node), the same with every launch made from Python and training through the Python
+``autograd.Function`` (as before the C++ path; "Python launch"), torchao's ``BlockSparseTensor`` through ``F.linear`` (fwd only: it has no backward;
 ``bias=None`` as it requires), and torch's BSR (``bsr_dense_mm``, fwd only). A peer that is not
 installed or fails is reported as such.
 """
@@ -142,19 +143,25 @@ def peers(w_dense: torch.Tensor, block: int) -> dict:
 
 
 def python_launch(fn):
-    """``fn`` with opforge's launches made from Python: the native tables' entry points set aside
-    for the call (their recipes stay defined, and nothing is defined meanwhile)."""
+    """``fn`` with opforge's launches made from Python, as before the C++ launch path: the native
+    tables' entry points set aside for the call (their recipes stay defined, and nothing is
+    defined meanwhile) and training through the Python ``autograd.Function`` rather than the C++
+    autograd node."""
+    from opforge.kernels.block_sparse import native_autograd
     from opforge.kernels.block_sparse import triton_impl as ti
 
     tables = (ti._NATIVE_FWD, ti._NATIVE_DX, ti._NATIVE_DW)
 
     def run():
         saved = [t.call for t in tables]
+        devices = native_autograd.DEVICES
         for t in tables:
             t.call = None
+        native_autograd.DEVICES = ()
         try:
             return fn()
         finally:
+            native_autograd.DEVICES = devices
             for t, c in zip(tables, saved):
                 t.call = c if c is not None else t.call  # a recipe defined meanwhile keeps its entry point
     return run

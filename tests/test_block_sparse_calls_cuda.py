@@ -227,14 +227,20 @@ def test_bad_input_is_still_refused_on_the_fast_path():
             m(torch.randn(3, 65, device="cuda"))
 
 
-def test_gradients_through_the_lean_function_match_the_reference_and_second_order_works():
+@pytest.mark.parametrize("node", ["CppFunction", "_LinearBackward"])
+def test_gradients_through_the_lean_function_match_the_reference_and_second_order_works(node, monkeypatch):
+    """Through the C++ autograd node (the default on CUDA) and the Python ``_Linear``."""
+    from opforge.kernels.block_sparse import native_autograd
+
+    if node == "_LinearBackward":
+        monkeypatch.setattr(native_autograd, "DEVICES", ())
     layout = layout_of("0.5", 128, 96, (32, 32), seed=6)
     g = torch.Generator(device="cuda").manual_seed(6)
     x = torch.randn(37, 96, device="cuda", generator=g, requires_grad=True)
     w = torch.randn(layout.nnz, 32, 32, device="cuda", generator=g, requires_grad=True)
     b = torch.randn(128, device="cuda", generator=g, requires_grad=True)
     y = block_sparse_linear(x, w, b, layout)
-    assert type(y.grad_fn).__name__ == "_LinearBackward"
+    assert type(y.grad_fn).__name__ == node
     dy = torch.randn(y.shape, device="cuda", generator=g)
     y.backward(dy)
     ry, rdx, rdw, rdb = dense_reference(x, w, b, layout, dy)

@@ -194,3 +194,28 @@ def test_a_no_grad_module_call_is_one_native_op_and_bad_input_is_still_refused()
     xg = x.clone().requires_grad_()
     m(xg).sum().backward()
     assert xg.grad is not None and m.weight_blocks.grad is not None
+
+
+def test_training_goes_through_the_cpp_node_and_matches_the_python_function(monkeypatch):
+    from opforge.kernels.block_sparse import native_autograd
+
+    torch.manual_seed(5)
+    m = BlockSparseLinear(256, 192, density=0.5, block_shape=(64, 64), device="cuda", dtype=torch.bfloat16)
+    for tokens in (8, 300):
+        x = torch.randn(tokens, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(tokens, 192, device="cuda", dtype=torch.bfloat16)
+        got = []
+        for devices in (("cuda",), ()):
+            monkeypatch.setattr(native_autograd, "DEVICES", devices)
+            m.zero_grad(set_to_none=True)
+            x.grad = None
+            y = m(x)
+            assert (type(y.grad_fn).__name__ == "CppFunction") == bool(devices)
+            y.backward(dy)
+            got.append([y.detach(), x.grad, m.weight_blocks.grad, m.bias.grad])
+        for a, b in zip(*got):
+            assert torch.equal(a, b)
+        monkeypatch.setattr(native_autograd, "DEVICES", ("cuda",))
+        before = hits()
+        m(x).backward(dy)
+        assert hits() - before == 3  # forward, input gradient, weight and bias gradient: each replayed

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import triton_launch
+from ..kernels.block_sparse import native_autograd
 from ..kernels.block_sparse.layout import BlockSparseLayout
 from ..kernels.block_sparse.loader import BlockSparseLoader
 
@@ -66,6 +67,27 @@ def _sddmm(dy: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, cols: torch.Te
 @_sddmm.register_fake
 def _(dy, x, rows, cols, row_ptr, col_ptr, col_order, bh, bw):
     return x.new_empty(rows.shape[0], bh, bw)
+
+
+@torch.library.custom_op("opforge::block_sparse_sddmm_bias", mutates_args=())
+def _sddmm_bias(dy: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, row_ptr: torch.Tensor,
+                col_ptr: torch.Tensor, col_order: torch.Tensor, bh: int, bw: int,
+                with_bias: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sddmm, dy.sum(0))`` in one launch where the kernel has ``grad_weight_bias`` (the bias
+    gradient empty without ``with_bias``). A first-order backward's helper (the C++ autograd node
+    calls it for a launch not planned yet): it has no derivative of its own."""
+    impl = _kernel(x)
+    dy, x = dy.contiguous(), x.contiguous()
+    if not with_bias:
+        return impl.grad_weight(dy, x, rows, cols, row_ptr, bh, bw), dy.new_empty(0)
+    if hasattr(impl, "grad_weight_bias"):
+        return impl.grad_weight_bias(dy, x, rows, cols, row_ptr, bh, bw)
+    return impl.grad_weight(dy, x, rows, cols, row_ptr, bh, bw), dy.sum(0)
+
+
+@_sddmm_bias.register_fake
+def _(dy, x, rows, cols, row_ptr, col_ptr, col_order, bh, bw, with_bias):
+    return x.new_empty(rows.shape[0], bh, bw), dy.new_empty(dy.shape[1] if with_bias else 0)
 
 
 # -- autograd: each op's derivatives are the other two --
@@ -191,8 +213,15 @@ def block_sparse_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | N
         if _NATIVE[0] is None and x.is_cuda:
             _NATIVE[0] = getattr(kernel, "NATIVE_FORWARD", None)
     elif route == _FUNCTION:
-        y = _Linear.apply(x2.contiguous(), w.contiguous(), None if bias is None else bias.contiguous(), idx,
-                          out_features, _kernel(x))
+        kernel = _kernel(x)
+        node = native_autograd.op() if x.device.type in native_autograd.DEVICES else None
+        if node is not None:
+            tables, ns = native_autograd.tables(kernel)
+            y = node(x2.contiguous(), w.contiguous(), None if bias is None else bias.contiguous(), *idx, out_features,
+                     x.dtype is torch.float32 and _MATMUL.allow_tf32, tables, ns)
+        else:
+            y = _Linear.apply(x2.contiguous(), w.contiguous(), None if bias is None else bias.contiguous(), idx,
+                              out_features, kernel)
     else:
         y = torch.ops.opforge.block_sparse_mm(x2, w, bias, *idx, out_features)
     return y if x.ndim == 2 else y.view(*x.shape[:-1], out_features)

@@ -339,7 +339,7 @@ _FWD: dict = {}
 _DX: dict = {}
 _DW: dict = {}
 _NATIVE_FWD, _NATIVE_DX, _NATIVE_DW = (NativeTable(f"block_sparse.{n}") for n in ("fwd", "dx", "dw"))
-NATIVE_FORWARD = _NATIVE_FWD
+NATIVE_FORWARD, NATIVE_INPUT_GRAD, NATIVE_WEIGHT_GRAD = _NATIVE_FWD, _NATIVE_DX, _NATIVE_DW
 """Each launch's recipe, once planned, for the C++ launch path (``kernels/native_launch``): a call
 whose inputs match a defined recipe's key is one op call; anything else plans here. The keys
 (inputs' shapes, strides, dtypes, alignment, the tf32 flag, the device and stream) cover what
@@ -357,4 +357,4 @@ def forget_plans() -> None:
         table.forget()
 
 
-__all__ = ["NATIVE_FORWARD", "forward", "grad_input", "grad_weight", "grad_weight_bias"]
+__all__ = ["NATIVE_FORWARD", "NATIVE_INPUT_GRAD", "NATIVE_WEIGHT_GRAD", "forward", "grad_input", "grad_weight", "grad_weight_bias"]

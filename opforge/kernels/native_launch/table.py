@@ -36,6 +36,12 @@ def native_ops():
     return _OPS[0], _OPS[1]
 
 
+def native_namespace() -> str:
+    """The ``torch.ops`` namespace of the C++ variant's ops (what C++ callers name them by), or ""."""
+    ops, _ = native_ops()
+    return getattr(ops, "name", "") if ops is not None else ""
+
+
 def _load() -> tuple:
     if not settings.current().native_launch:
         return None, "OPFORGE_NATIVE_LAUNCH=0"
