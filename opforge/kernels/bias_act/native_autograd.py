@@ -33,6 +33,7 @@ class BiasActAutograd(CppExtension):
     path loads by itself."""
 
     name, kind = "bias_act_autograd", "bias_act"
+    include_dirs = ("../common/csrc",)  # opforge_library.h
     sources = ("csrc/bias_act_autograd.cpp",)
     optimize = ("-O2",)
     devices = ()  # its op takes the tensors of whichever variant it drives

@@ -27,6 +27,7 @@ class BlockSparseAutograd(CppExtension):
     eager path loads by itself."""
 
     name, kind = "block_sparse_autograd", "block_sparse"
+    include_dirs = ("../common/csrc",)  # opforge_library.h
     sources = ("csrc/block_sparse_autograd.cpp",)
     optimize = ("-O2",)
     devices = ()  # its op takes the tensors of whichever variant runs the launches

@@ -34,6 +34,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "opforge_library.h"
+
 namespace {
 
 using at::Tensor;
@@ -143,11 +145,6 @@ Tensor bias_act_forward(const Tensor& x, const std::optional<Tensor>& b, int64_t
 }
 
 }  // namespace
-
-#define OPFORGE_LIBRARY_(ns, m) TORCH_LIBRARY(ns, m)
-#define OPFORGE_LIBRARY(ns, m) OPFORGE_LIBRARY_(ns, m)
-#define OPFORGE_LIBRARY_IMPL_(ns, k, m) TORCH_LIBRARY_IMPL(ns, k, m)
-#define OPFORGE_LIBRARY_IMPL(ns, k, m) OPFORGE_LIBRARY_IMPL_(ns, k, m)
 
 OPFORGE_LIBRARY(OPFORGE_NS, m) {
   m.def("bias_act(Tensor x, Tensor? b, int dim, int act, int ref, float alpha, float gain, float clamp, "

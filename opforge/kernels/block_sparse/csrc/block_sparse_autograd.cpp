@@ -33,6 +33,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "opforge_library.h"
+
 namespace {
 
 using at::Tensor;
@@ -166,11 +168,6 @@ Tensor linear_forward(const Tensor& x, const Tensor& w, const std::optional<Tens
 }
 
 }  // namespace
-
-#define OPFORGE_LIBRARY_(ns, m) TORCH_LIBRARY(ns, m)
-#define OPFORGE_LIBRARY(ns, m) OPFORGE_LIBRARY_(ns, m)
-#define OPFORGE_LIBRARY_IMPL_(ns, k, m) TORCH_LIBRARY_IMPL(ns, k, m)
-#define OPFORGE_LIBRARY_IMPL(ns, k, m) OPFORGE_LIBRARY_IMPL_(ns, k, m)
 
 OPFORGE_LIBRARY(OPFORGE_NS, m) {
   m.def("linear(Tensor x, Tensor w, Tensor? bias, Tensor rows, Tensor cols, Tensor row_ptr, Tensor col_ptr, "
