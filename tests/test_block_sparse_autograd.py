@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import has_cxx
+from test_block_sparse import dense_reference, layout_of
 
 import opforge.ops  # noqa: F401
 from opforge.kernels.block_sparse import native_autograd
 from opforge.ops import block_sparse as ops_bs
 from opforge.ops import block_sparse_linear
-
-from conftest import has_cxx
-from test_block_sparse import dense_reference, layout_of
 
 pytestmark = pytest.mark.skipif(not has_cxx(), reason="needs a C++ compiler")
 
@@ -66,6 +65,8 @@ def test_the_node_gives_the_python_functions_values_and_gradients(on_cpu, monkey
     torch.testing.assert_close(got[0].double(), ry, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(got[1][0].double(), rdx, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(got[1][1].double(), rdw, rtol=1e-5, atol=1e-4)
+    if bias:
+        torch.testing.assert_close(got[1][2].double(), rdb, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("kind", ["0.5", "empty_rows_cols"])

@@ -10,15 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import has_cxx
 from hypothesis import given
 from hypothesis import strategies as st
 
-from opforge import settings
 from opforge.kernels.native_launch import NativeLaunchLoader, NativeTable, reference, table
 from opforge.kernels.native_launch.recipe import recipe_of
 from opforge.kernels.triton_tma import Described
-
-from conftest import has_cxx
 
 pytestmark = pytest.mark.skipif(not has_cxx(), reason="needs a C++ compiler")
 

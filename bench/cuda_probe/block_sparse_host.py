@@ -47,32 +47,35 @@ def main() -> None:
     ap.add_argument("--features", type=int, default=4096)
     ap.add_argument("--density", type=float, default=0.1)
     args = ap.parse_args()
-    from opforge.kernels.block_sparse import triton_impl as ti
-    from opforge.nn import BlockSparseLinear
-
     n = args.features
     print(f"{torch.cuda.get_device_name()}, bf16 {n}->{n}, 64-blocks, density {args.density}; host µs per call")
     for tokens in (int(t) for t in args.tokens.split(",")):
-        torch.manual_seed(0)
-        m = BlockSparseLinear(n, n, density=args.density, block_shape=(64, 64), device="cuda", dtype=torch.bfloat16)
-        x = torch.randn(tokens, n, device="cuda", dtype=torch.bfloat16)
-        wd, b = m.to_dense().detach(), m.bias.detach()
-        w, idx = m.weight_blocks.detach(), m.layout.indices(x.device)
-        kinds = {"torch.add": lambda: torch.add(x, 1), "F.linear": lambda: F.linear(x, wd, b),
-                 "module": lambda: m(x), "forward": lambda: ti.forward(x, w, b, idx.rows, idx.cols, idx.row_ptr, n)}
+        print(f"T={tokens} (n=5/20/50 back to back, then synced each): " + case(tokens, n, args.density), flush=True)
+
+
+def case(tokens: int, n: int, density: float) -> str:
+    from opforge.kernels.block_sparse import triton_impl as ti
+    from opforge.nn import BlockSparseLinear
+
+    torch.manual_seed(0)
+    m = BlockSparseLinear(n, n, density=density, block_shape=(64, 64), device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(tokens, n, device="cuda", dtype=torch.bfloat16)
+    wd, b = m.to_dense().detach(), m.bias.detach()
+    w, idx = m.weight_blocks.detach(), m.layout.indices(x.device)
+    kinds = {"torch.add": lambda: torch.add(x, 1), "F.linear": lambda: F.linear(x, wd, b),
+             "module": lambda: m(x), "forward": lambda: ti.forward(x, w, b, idx.rows, idx.cols, idx.row_ptr, n)}
+    with torch.no_grad():
+        for fn in kinds.values():
+            for _ in range(3):
+                fn()
         call = ti._NATIVE_FWD.call
-        with torch.no_grad():
-            for fn in kinds.values():
-                for _ in range(3):
-                    fn()
-            if ti._NATIVE_FWD.call is not None:
-                call = ti._NATIVE_FWD.call
-                kinds["native op"] = lambda: call(x, w, b, idx.cols, idx.row_ptr, n, False)
-            cells = []
-            for name, fn in kinds.items():
-                vals = [per_call(fn, k, False) for k in (5, 20, 50)] + [per_call(fn, 20, True)]
-                cells.append(f"{name} " + "/".join(f"{v:.1f}" for v in vals))
-        print(f"T={tokens} (n=5/20/50 back to back, then synced each): " + ", ".join(cells), flush=True)
+        if call is not None:
+            kinds["native op"] = lambda: call(x, w, b, idx.cols, idx.row_ptr, n, False)
+        cells = []
+        for name, fn in kinds.items():
+            vals = [per_call(fn, k, False) for k in (5, 20, 50)] + [per_call(fn, 20, True)]
+            cells.append(f"{name} " + "/".join(f"{v:.1f}" for v in vals))
+    return ", ".join(cells)
 
 
 if __name__ == "__main__":

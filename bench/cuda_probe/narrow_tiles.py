@@ -73,8 +73,8 @@ def _swapped(x_desc, w_desc, y_ptr, T, N, K, BN: tl.constexpr, BLOCK_M: tl.const
 
 
 SWEEP = {
-    "normal": dict(BLOCK_M=(64, 128, 256), BLOCK_K=(64, 128), warps=(4, 8), stages=(3, 4)),
-    "swapped": dict(BLOCK_M=(64, 128, 256), BLOCK_K=(64, 128), warps=(4, 8), stages=(3, 4)),
+    "normal": {"BLOCK_M": (64, 128, 256), "BLOCK_K": (64, 128), "warps": (4, 8), "stages": (3, 4)},
+    "swapped": {"BLOCK_M": (64, 128, 256), "BLOCK_K": (64, 128), "warps": (4, 8), "stages": (3, 4)},
 }
 
 

@@ -20,6 +20,7 @@ import threading
 
 from ...extension import CppExtension
 from ...notices import warn_once
+from ..native_launch.table import native_namespace
 
 
 class BlockSparseAutograd(CppExtension):
@@ -59,16 +60,18 @@ def op():
 def tables(kernel) -> tuple[list, str]:
     """The native_launch tables of ``kernel`` (the loaded implementation's ops) and the native ops'
     namespace, for the node's ``tables`` and ``native``: ``[0, 0, 0]`` and ``""`` where there are
-    none (the torch reference; no native_launch ops), so every launch goes through the custom ops."""
-    fwd = getattr(kernel, "NATIVE_FORWARD", None)
-    if fwd is None:
-        return [0, 0, 0], ""
-    from ..native_launch.table import native_namespace
+    none (the torch reference; no native_launch ops), so every launch goes through the custom ops.
+    Worked out once per kernel."""
+    found = _TABLES.get(kernel)
+    if found is None:
+        fwd = getattr(kernel, "NATIVE_FORWARD", None)
+        ns = native_namespace() if fwd is not None else ""
+        found = ([fwd.id, kernel.NATIVE_INPUT_GRAD.id, kernel.NATIVE_WEIGHT_GRAD.id], ns) if ns else ([0, 0, 0], "")
+        _TABLES[kernel] = found
+    return found
 
-    ns = native_namespace()
-    if not ns:
-        return [0, 0, 0], ""
-    return [fwd.id, kernel.NATIVE_INPUT_GRAD.id, kernel.NATIVE_WEIGHT_GRAD.id], ns
+
+_TABLES: dict = {}
 
 
 __all__ = ["DEVICES", "BlockSparseAutograd", "op", "tables"]

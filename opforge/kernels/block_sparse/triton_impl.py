@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import torch
 
+from .. import triton_launch
 from ..native_launch import NativeTable
 from ..triton_compat import triton
-from .. import triton_launch
 from ..triton_launch import Plan, TunedKernel
 from ..triton_tma import Described
 from . import reference
@@ -220,7 +220,8 @@ def grad_input(dy, w, rows, cols, col_ptr, col_order, in_features: int):
     prefix = _dx_prefix(plan.facts, dy, w, dx, rows, col_ptr, col_order)
     plan(prefix, dy.device.index)
     if not plan.native:
-        _define(_NATIVE_DX, native is not None, plan, prefix, (dy, w, rows, col_ptr, col_order), (in_features, tf32), [(dx, True)])
+        _define(_NATIVE_DX, native is not None, plan, prefix, (dy, w, rows, col_ptr, col_order), (in_features, tf32),
+                [(dx, True)])
     return dx
 
 
@@ -293,7 +294,8 @@ def _grad_weight(dy, x, rows, cols, row_ptr, bh, bw, with_db: bool):
         outputs = [(out, True)] + ([(db, True)] if with_db else [])
         if plan.facts[0] > 1:  # the split's fp32 partials (db's share dw's buffer without db)
             outputs += [(prefix[3], False)] + ([(prefix[5], False)] if with_db else [])
-        _define(_NATIVE_DW, native is not None, plan, prefix, (dy, x, cols, row_ptr, rows), (bh << 16 | bw, 2 * with_db + tf32), outputs)
+        _define(_NATIVE_DW, native is not None, plan, prefix, (dy, x, cols, row_ptr, rows),
+                (bh << 16 | bw, 2 * with_db + tf32), outputs)
     return out, db
 
 
@@ -357,4 +359,5 @@ def forget_plans() -> None:
         table.forget()
 
 
-__all__ = ["NATIVE_FORWARD", "NATIVE_INPUT_GRAD", "NATIVE_WEIGHT_GRAD", "forward", "grad_input", "grad_weight", "grad_weight_bias"]
+__all__ = ["NATIVE_FORWARD", "NATIVE_INPUT_GRAD", "NATIVE_WEIGHT_GRAD", "forward", "grad_input", "grad_weight",
+           "grad_weight_bias"]

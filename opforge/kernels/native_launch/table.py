@@ -30,6 +30,8 @@ _OPS: list = []  # [ops or None, reason]
 
 def native_ops():
     """The C++ variant's ops, or None (and why not)."""
+    if _OPS:  # decided: no lock (callers ask on every training step)
+        return _OPS[0], _OPS[1]
     with _LOCK:
         if not _OPS:
             _OPS.extend(_load())
@@ -63,7 +65,7 @@ def _boxed(overload):
 
 
 class NativeTable:
-    __slots__ = ("name", "id", "call", "reason", "defined", "wanted")
+    __slots__ = ("call", "defined", "id", "name", "reason", "wanted")
 
     def __init__(self, name: str):
         self.name, self.id = name, next(_IDS)
