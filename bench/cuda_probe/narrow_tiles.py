@@ -31,15 +31,19 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 
 @triton.jit
-def _normal(x_desc, w_desc, y_ptr, T, N, K, BN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-            GROUP_M: tl.constexpr):
+def _tile(T, N, BN: tl.constexpr, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's (token tile, output tile), GROUP_M token tiles walking the outputs together."""
     pid = tl.program_id(0)
     n_m, n_n = tl.cdiv(T, BLOCK_M), N // BN
-    group = pid // (GROUP_M * n_n)
-    first_m = group * GROUP_M
+    first_m = pid // (GROUP_M * n_n) * GROUP_M
     size_m = min(n_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % (GROUP_M * n_n)) % size_m
-    pid_n = (pid % (GROUP_M * n_n)) // size_m
+    return first_m + (pid % (GROUP_M * n_n)) % size_m, (pid % (GROUP_M * n_n)) // size_m
+
+
+@triton.jit
+def _normal(x_desc, w_desc, y_ptr, T, N, K, BN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+            GROUP_M: tl.constexpr):
+    pid_m, pid_n = _tile(T, N, BN, BLOCK_M, GROUP_M)
     acc = tl.zeros((BLOCK_M, BN), dtype=tl.float32)
     for k in range(0, K, BLOCK_K):
         xt = x_desc.load([pid_m * BLOCK_M, k])
@@ -54,13 +58,7 @@ def _normal(x_desc, w_desc, y_ptr, T, N, K, BN: tl.constexpr, BLOCK_M: tl.conste
 @triton.jit
 def _swapped(x_desc, w_desc, y_ptr, T, N, K, BN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
              GROUP_M: tl.constexpr):
-    pid = tl.program_id(0)
-    n_m, n_n = tl.cdiv(T, BLOCK_M), N // BN
-    group = pid // (GROUP_M * n_n)
-    first_m = group * GROUP_M
-    size_m = min(n_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % (GROUP_M * n_n)) % size_m
-    pid_n = (pid % (GROUP_M * n_n)) // size_m
+    pid_m, pid_n = _tile(T, N, BN, BLOCK_M, GROUP_M)
     acc = tl.zeros((BN, BLOCK_M), dtype=tl.float32)  # yᵀ's tile: outputs x tokens
     for k in range(0, K, BLOCK_K):
         wt = w_desc.load([pid_n * BN, k])  # (BN, BLOCK_K): the MMA's A
