@@ -145,6 +145,17 @@ def shared_cache(tmp_path_factory):
     return path
 
 
+def in_cache(cache, load):
+    """``load()`` with OPFORGE_CACHE_DIR pointing at ``cache`` (for module-scoped fixtures, which
+    can't take the function-scoped ``monkeypatch``): what it builds goes to the shared cache."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("OPFORGE_CACHE_DIR", str(cache))
+    try:
+        return load()
+    finally:
+        mp.undo()
+
+
 def run_python(code: str, env: dict | None = None, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter with opforge importable."""
     full_env = dict(os.environ)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import has_cxx
+from conftest import has_cxx, in_cache
 from test_block_sparse import dense_reference, layout_of
 
 import opforge.ops  # noqa: F401
@@ -21,12 +21,7 @@ pytestmark = pytest.mark.skipif(not has_cxx(), reason="needs a C++ compiler")
 
 @pytest.fixture(scope="module")
 def node(shared_cache):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("OPFORGE_CACHE_DIR", str(shared_cache))
-    try:
-        got = native_autograd.op()
-    finally:
-        mp.undo()
+    got = in_cache(shared_cache, native_autograd.op)
     assert got is not None
     return got
 

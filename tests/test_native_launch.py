@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import has_cxx
+from conftest import has_cxx, in_cache
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -23,12 +23,7 @@ pytestmark = pytest.mark.skipif(not has_cxx(), reason="needs a C++ compiler")
 
 @pytest.fixture(scope="module")
 def ops(shared_cache):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("OPFORGE_CACHE_DIR", str(shared_cache))
-    try:
-        kernel = NativeLaunchLoader().load(ext_name="native_launch_cpp")
-    finally:
-        mp.undo()
+    kernel = in_cache(shared_cache, lambda: NativeLaunchLoader().load(ext_name="native_launch_cpp"))
     assert kernel.backend == "cpp"
     yield kernel.ops
     kernel.ops.forget()
