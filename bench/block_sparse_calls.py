@@ -15,14 +15,20 @@ weights requiring grad), each implementation:
   Python's garbage collector off while timing (as ``timeit`` does);
 * **GPU µs back to back**: CUDA events around the same loop, per call: what a training or
   serving loop sees, host and GPU overlapped (the larger of the two wins);
-* **graph µs** (fwd only): one call captured in a CUDA graph and replayed, the GPU's time alone.
+* **graph µs**: one call (fwd, or a whole fwd+bwd step, the gradients accumulated in place as
+  eager's are) captured in a CUDA graph and replayed, the GPU's time alone. A fwd+bwd step's
+  host time is mostly autograd's (``backward`` hands the graph to the engine's device thread and
+  waits), the same for every implementation, so where it exceeds the GPU's the b2b column
+  measures the host.
 
-Implementations: dense ``F.linear`` on the masked dense weight (cuBLAS), ``BlockSparseLinear``
+Implementations: dense ``F.linear`` on the masked dense weight (cuBLAS); ``BlockSparseLinear``
 (opforge: its launches replayed from C++, ``kernels/native_launch``, and training through the C++
-autograd node), the same with every launch made from Python and training through the Python
-``autograd.Function`` (as before the C++ path; "Python launch"), torchao's ``BlockSparseTensor`` through ``F.linear`` (fwd only: it has no backward;
-``bias=None`` as it requires), and torch's BSR (``bsr_dense_mm``, fwd only). A peer that is not
-installed or fails is reported as such.
+autograd node); the same with every launch made from Python and training through the Python
+``autograd.Function`` (as before the C++ path; "Python launch"); torchao's ``BlockSparseTensor``
+through ``F.linear`` (fwd only: it has no backward; ``bias=None`` as it requires); torch's BSR
+(``bsr_dense_mm``, fwd only); and, for fwd+bwd, the host's floor: a backward through one node of
+one element, what autograd alone costs a step. A peer that is not installed or fails is reported
+as such.
 """
 
 from __future__ import annotations
@@ -212,8 +218,15 @@ def case(tokens, k_in, n_out, block, density, dtype, calls) -> list[dict]:
     def sparse_step():
         m(xg).backward(dy)
 
+    tiny = torch.ones(1, device=dev, requires_grad=True)
+    one = torch.ones(1, device=dev)
+
+    def floor_step():  # autograd's own host cost: one node of one element
+        (tiny * 2).backward(one)
+
     timed("fwd+bwd", {"dense F.linear": dense_step, "opforge BlockSparseLinear": sparse_step,
-                      "opforge, Python launch": python_launch(sparse_step)}, graph=False)
+                      "opforge, Python launch": python_launch(sparse_step),
+                      "floor: autograd, 1 element": floor_step}, graph=True)
     for r in rows:
         r.update(tokens=tokens, shape=f"{k_in}x{n_out}", block=block, density=round(m.layout.density, 4),
                  dtype=str(dtype).replace("torch.", ""))

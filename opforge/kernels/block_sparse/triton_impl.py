@@ -332,7 +332,11 @@ def _grad_weight_plan(dy, x, rows, cols, row_ptr, bh, bw, with_db):
     prec, t_bucket, size = precision(x.dtype), bucket(tokens), x.element_size()
     consts = (tokens, out_features, in_features, nnz, per, t_bucket, split, groups_per_row, bh, bw, g, with_db,
               split > 1, prec)
-    return _plan("dw", ("dw", x.dtype, prec, t_bucket, bh, bw, g, split, with_db), x.device.index,
+    # The blocks a row holds are part of the key, as in the forward's: at 8192 tokens (4096 to 4096,
+    # 64-blocks) the config tuned at density 0.5 took 1.4x the best one's time at 0.25
+    # (bench/cuda_probe/block_sparse_kernels.py, H100, 2026-11-25).
+    key = ("dw", x.dtype, prec, t_bucket, bh, bw, g, split, with_db, depth(nnz, n_rows))
+    return _plan("dw", key, x.device.index,
                  lambda c: (grid, _dw_prefix(facts, dy, x, out, db, cols, row_ptr), consts),
                  lambda c: dw_fits(c, bh, bw, g, size), facts)
 
