@@ -11,8 +11,10 @@ the best of 7 such loops (small shapes: the host's cost per call, the GPU keeps 
 outermost last: ``torch.add`` (one native kernel launch, the floor of any op); on CUDA, a plain
 pybind11 binding of the same kernels (``bench/csrc/bias_act_pybind.cpp``: the issue's floor peer); the variant's raw
 forward op on preallocated tensors (``torch.ops`` dispatch, the stable-ABI boxing, the launch);
-the kernel contract (``dispatch.implementation(...).forward``: allocation, layout, the op); the
-public ``opforge.ops.bias_act`` (argument checks, defaults, the variant's choice); eager torch;
+on CUDA, the variant's one-call forward (``forward_fresh``: y allocated and the geometry worked out
+in C++, what the public op calls without grad); the kernel contract
+(``dispatch.implementation(...).forward``: allocation, layout, the op); the public
+``opforge.ops.bias_act`` (argument checks, defaults, the variant's choice); eager torch;
 torch.compile (default mode). fwd+bwd rows: ``y = f(x, b); y.backward(dy)`` with x and b leaves;
 opforge's through its C++ autograd node (the default for the CUDA variant, ``native_autograd.py``)
 and through the Python autograd.Function.
@@ -88,6 +90,11 @@ def main() -> None:
         clamp_ref = clamp_as_stored(clamp, x.dtype)
         rows.append(("pybind11 binding: backward (dx, db)", per_call(
             lambda: mod.backward(dy, yp, b, 1, idx, 1, alpha, gain, clamp, clamp_ref), args.calls, sync)))
+    fresh = getattr(impl, "fresh", None)
+    if fresh is not None:  # the no-grad public op's one call: allocation and geometry in C++
+        idx, c = lookup(act).index, -1.0 if clamp is None else clamp
+        rows.append(("one-call op (forward_fresh: allocates y)", per_call(
+            lambda: fresh(x, b, 1, idx, alpha, gain, c), args.calls, sync)))
     rows.append((f"contract ({impl.name if hasattr(impl, 'name') else impl.__name__})", per_call(
         lambda: impl.forward(x, b, 1, act, alpha, gain, clamp), args.calls, sync)))
     rows.append(("opforge.ops.bias_act", per_call(lambda: bias_act(x, b, act=act, clamp=clamp), args.calls, sync)))

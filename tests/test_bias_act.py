@@ -593,3 +593,46 @@ def test_a_tensor_argument_is_read_at_every_call():
     c.fill_(2.0)
     assert float(bias_act(x, clamp=c).max()) == 2.0
     assert not any(isinstance(v, torch.Tensor) for key in op_module._RESOLVED for v in key)
+
+
+class _WithFresh:
+    """The CPU implementation with a ``fresh`` one-call forward (the CUDA variant's shape) that
+    records its arguments and takes the call (``take``: its output) or declines it ([])."""
+
+    def __init__(self, take):
+        self.impl, self.take, self.calls = dispatch.implementation("cpu"), take, []
+
+    def __getattr__(self, name):
+        return getattr(self.impl, name)
+
+    def fresh(self, x, b, dim, act, alpha, gain, clamp):
+        self.calls.append((dim, act, alpha, gain, clamp))
+        return [self.take(x)] if self.take else []
+
+
+def test_a_no_grad_call_is_one_fresh_call_where_the_implementation_has_one(monkeypatch):
+    """The op hands a no-grad call of plain tensors to ``fresh`` before its own checks, the
+    scalars resolved (activation index, default gain, clamp -1 for none), and returns its output;
+    where ``fresh`` declines ([]), the checks run and raise as before, and the result is the
+    implementation's own. Calls with grad, or a dim that isn't an int, never reach it."""
+    taking = _WithFresh(lambda x: torch.full_like(x, 7.0))
+    monkeypatch.setattr(op_module, "_kernel", lambda t: taking)
+    x, b = torch.randn(2, 3, 4), torch.randn(3)
+    assert (bias_act(x, b, act="lrelu") == 7.0).all()
+    assert taking.calls == [(1, 3, 0.2, math.sqrt(2), -1.0)]  # lrelu: index 3, alpha 0.2, gain sqrt(2)
+    bias_act(x, b, dim=-2, act="tanh", clamp=2)
+    assert taking.calls[-1] == (-2, 4, 0.0, 1.0, 2.0)
+
+    declining = _WithFresh(None)
+    monkeypatch.setattr(op_module, "_kernel", lambda t: declining)
+    torch.testing.assert_close(bias_act(x, b, act="relu"), torch.relu(x + b[:, None]) * math.sqrt(2))
+    with pytest.raises(ValueError, match=r"b must be 1-D with x.shape\[1\] = 3 elements"):
+        bias_act(x, torch.randn(4), act="relu")
+    with pytest.raises(TypeError, match="x must be float16, bfloat16, float32 or float64"):
+        bias_act(torch.ones(2, 3, dtype=torch.int32), act="relu")
+    n = len(declining.calls)
+    assert n == 3
+    bias_act(x.requires_grad_(), b, act="relu").sum().backward()  # with grad: never fresh
+    with pytest.raises(TypeError):
+        bias_act(x.detach(), b, dim=1.0)  # not an int: the checks say so, fresh not asked
+    assert len(declining.calls) == n

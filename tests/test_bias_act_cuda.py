@@ -443,6 +443,56 @@ def test_empty(impl, on_cuda):
     impl.ops.backward(e, None, None, torch.empty_like(e), None, 1, 1, 1, 0, 0.0, 1.0, -1.0, -1.0)
 
 
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_no_grad_forward_is_one_op_call(on_cuda, layout, dtype):
+    """``forward_fresh`` (the no-grad public op's one call) takes every dense layout, with b in any
+    kernel dtype or none, and gives the adapter's forward bit for bit, in x's strides; a layout
+    that isn't dense it declines ([]), and the public op then gives the adapter's result."""
+    shape, dim, how = LAYOUTS[layout]
+    x = make(shape, how, dtype)
+    swish = lookup("swish").index
+    for b in (make_b(shape[dim], dtype), make_b(shape[dim], torch.float32), None):
+        got = on_cuda.fresh(x, b, dim, swish, 0.0, 1.5, 2.0)
+        want = on_cuda.forward(x, b, dim % x.ndim, "swish", 0.0, 1.5, 2.0)
+        if how == "strided":
+            assert got == []
+        else:
+            (y,) = got
+            assert y.stride() == x.stride() and y.dtype == x.dtype
+            torch.testing.assert_close(y, want, rtol=0, atol=0)
+        torch.testing.assert_close(bias_act(x, b, dim, act="swish", gain=1.5, clamp=2.0), want, rtol=0, atol=0)
+
+
+def test_the_one_call_forward_declines_what_the_checks_must_see(on_cuda):
+    """Every call ``forward_fresh`` can't take returns [], and the public op's checks then raise
+    their messages (or run the call another way: b in fp64 or not contiguous, x in fp64)."""
+    x = make((2, 6, 8, 8), "contiguous", torch.float16)
+    b = make_b(6, torch.float16)
+    fresh = on_cuda.fresh
+    relu = lookup("relu").index
+    declined = {
+        "b too short": (x, b[:5], 1), "b on the CPU": (x, b.cpu(), 1), "b 2-D": (x, b[None], 1),
+        "b not contiguous": (x, make_b(12, torch.float16)[::2], 1), "b in fp64": (x, b.double(), 1),
+        "dim out of range": (x, b, 4), "x on the CPU": (x.cpu(), b, 1), "x in fp64": (x.double(), b.double(), 1),
+        "x of ints": (x.to(torch.int32), None, 1), "x empty": (x[:0], b, 1), "x 0-d": (x[0, 0, 0, 0], b[:1], 0),
+    }
+    for why, (xx, bb, d) in declined.items():
+        assert fresh(xx, bb, d, relu, 0.0, 1.0, -1.0) == [], why
+    with pytest.raises(ValueError, match=r"b must be 1-D with x.shape\[1\] = 6 elements"):
+        bias_act(x, b[:5])
+    with pytest.raises(ValueError, match="b is on cpu but x is on cuda"):
+        bias_act(x, b.cpu())
+    with pytest.raises(ValueError, match="dim=4 is out of range"):
+        bias_act(x, b, dim=4)
+    with pytest.raises(TypeError, match="x must be float16, bfloat16, float32 or float64"):
+        bias_act(x.to(torch.int32))
+    for bb in (make_b(12, torch.float16)[::2], b.double()):
+        want = torch.relu(x.float() + bb.float()[:, None, None]) * math.sqrt(2)
+        torch.testing.assert_close(bias_act(x, bb, act="relu").float(), want, rtol=1e-3, atol=1e-3)
+    assert bias_act(x[:0], b).shape == (0, 6, 8, 8)
+
+
 def test_runs_on_the_current_stream(impl):
     """The op's kernel follows the producer of x on a side stream: on another stream it would
     read x before the fill (the side stream sleeps first)."""

@@ -139,17 +139,25 @@ def bias_act(x: torch.Tensor, b: torch.Tensor | None = None, dim: int = 1, act: 
         check_scalars(alpha, gain, clamp)
         if len(_RESOLVED) < 1024 and type(act) is str and all(type(v) in _SCALARS for v in key[1:]):
             _RESOLVED[key] = spec, alpha, gain, clamp
-    dim = check_tensors(x, b, dim)
     if type(x) in _PLAIN and (b is None or type(b) in _PLAIN):
         impl = _kernel(x)
-        call = (dim, spec.name, alpha, gain, clamp)
         if torch.is_grad_enabled() and (x.requires_grad or (b is not None and b.requires_grad)):
+            dim = check_tensors(x, b, dim)
             if native_autograd.covers(impl, x, b, gain):
                 node = native_autograd.op()
                 if node is not None:
                     return native_autograd.call(node, impl, x, b, dim, spec, alpha, gain, clamp)
-            return _Forward.apply(x, b, (call, impl))
-        return impl.forward(x, b, *call)
+            return _Forward.apply(x, b, ((dim, spec.name, alpha, gain, clamp), impl))
+        fresh = getattr(impl, "fresh", None)
+        if fresh is not None and type(dim) is int:
+            # One op call for the whole forward; it takes only calls whose tensors pass every
+            # check below (else [] and the checks run, raising as before)
+            got = fresh(x, b, dim, spec.index, alpha, gain, -1.0 if clamp is None else clamp)
+            if got:
+                return got[0]
+        dim = check_tensors(x, b, dim)
+        return impl.forward(x, b, dim, spec.name, alpha, gain, clamp)
+    dim = check_tensors(x, b, dim)
     return torch.ops.opforge.bias_act(x, b, dim, spec.name, alpha, gain, clamp)
 
 

@@ -45,6 +45,12 @@ class Compiled:
         self.name = kernel.name
         self.any_bias_dtype = kernel.backend == "cuda"
         self._forward = kernel.ops.forward
+        fresh = getattr(kernel.ops, "forward_fresh", None)
+        self.fresh = None if fresh is None else fresh.default
+        """The CUDA variant's ``forward_fresh(x, b, dim, act index, alpha, gain, clamp or -1)``:
+        the whole no-grad forward in one op call (the output allocated and the geometry worked
+        out in C++), ``[y]``, or ``[]`` for a call it does not take (``csrc/bias_act_cuda.cpp``);
+        None for the C++ variants."""
 
     def __repr__(self) -> str:
         return f"<bias_act on {self.name}>"

@@ -17,6 +17,9 @@
 //            float clamp_ref) -> ()
 //   backward2(Tensor s, Tensor dy, Tensor? ref, Tensor? b, Tensor(a!) out, Tensor(b!)? db,
 //             <the same scalars>) -> ()
+//   forward_fresh(Tensor x, Tensor? b, int dim, int act, float alpha, float gain, float clamp)
+//             -> Tensor[]   forward into a new y, the geometry worked out here; [] for a call it
+//             does not take (see the function)
 // b: float32, float16 or bfloat16, contiguous, `channels` elements, or None. clamp < 0: none.
 // act: Activation.index. ref_kind 0 / 1 / 2: the derivative is taken from nothing / y / x (+ b);
 // ref is that tensor (given exactly when ref_kind is 1 or 2); b is read only with ref_kind 2.
@@ -219,6 +222,48 @@ void forward(Tensor x, std::optional<Tensor> b, Tensor y, int64_t channels, int6
                                    as_float(gain), as_float(clamp), -1.0f, current_stream(f.op, f.device)));
 }
 
+// forward into a fresh y (empty_like(x): x's strides), the geometry worked out here: a whole
+// call for a no-grad bias_act in one op call (ops/bias_act.py's fast path). [] for a call it
+// does not take, which the Python path then checks (and raises on, or runs): x not a dense CUDA
+// tensor of a kernel dtype, or empty; b not a contiguous 1-D kernel-dtype vector of x.shape[dim]
+// elements on x's device; dim out of range.
+std::vector<Tensor> forward_fresh(Tensor x, std::optional<Tensor> b, int64_t dim, int64_t act, double alpha,
+                                  double gain, double clamp) {
+  if (!x.is_cuda() || x.layout() != torch::headeronly::Layout::Strided || dtype_code(x.scalar_type()) < 0 ||
+      x.numel() == 0 || !is_dense(x)) {
+    return {};
+  }
+  int64_t channels = 1, inner = 1;
+  if (b) {
+    const Tensor& bt = *b;
+    const int64_t nd = x.dim();
+    if (nd == 0 || dim < -nd || dim >= nd) return {};
+    if (dim < 0) dim += nd;
+    if (!bt.is_cuda() || bt.get_device_index() != x.get_device_index() || bt.dim() != 1 ||
+        bt.size(0) != x.size(dim) || dtype_code(bt.scalar_type()) < 0 || !bt.is_contiguous()) {
+      return {};
+    }
+    if (x.size(dim) != 1) {
+      channels = x.size(dim);
+      inner = x.stride(dim);  // layout.py's geometry: a dense tensor's channel runs
+    }
+  }
+  // empty_like(x) for a dense x is empty_strided of its sizes and strides; the shim's own call
+  // skips the dispatcher's boxing of empty_like's five optional arguments (a few µs a call)
+  int32_t dtype = 0, device_type = 0;
+  AtenTensorHandle made = nullptr;
+  const auto sizes = x.sizes();
+  const auto strides = x.strides();
+  STD_TORCH_CHECK(aoti_torch_get_dtype(x.get(), &dtype) == AOTI_TORCH_SUCCESS &&
+                      aoti_torch_get_device_type(x.get(), &device_type) == AOTI_TORCH_SUCCESS &&
+                      aoti_torch_empty_strided(static_cast<int64_t>(sizes.size()), sizes.data(), strides.data(), dtype,
+                                               device_type, x.get_device_index(), &made) == AOTI_TORCH_SUCCESS,
+                  "bias_act_cuda forward_fresh: could not allocate y (", shape_str(sizes), ")");
+  Tensor y(made);
+  forward(x, b, y, channels, inner, act, alpha, gain, clamp);
+  return {y};
+}
+
 // backward (order 1) and backward2 (order 2; s given).
 void grad(const char* op, int order, const std::optional<Tensor>& s, const Tensor& dy,
           const std::optional<Tensor>& ref, const std::optional<Tensor>& b, const Tensor& out,
@@ -289,8 +334,10 @@ void backward2(Tensor s, Tensor dy, std::optional<Tensor> ref, std::optional<Ten
 
 OPFORGE_LIBRARY(OPFORGE_NS, m) {
   OPFORGE_BIAS_ACT_DEF(m);
+  m.def("forward_fresh(Tensor x, Tensor? b, int dim, int act, float alpha, float gain, float clamp) -> Tensor[]");
 }
 
 OPFORGE_LIBRARY_IMPL(OPFORGE_NS, CompositeExplicitAutograd, m) {
   OPFORGE_BIAS_ACT_IMPL(m);
+  m.impl("forward_fresh", TORCH_BOX(&forward_fresh));
 }
