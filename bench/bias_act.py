@@ -82,8 +82,8 @@ from dataclasses import dataclass
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _table import show  # noqa: E402  (bench/, beside this script)
 import torch.nn.functional as F
+from _table import show  # noqa: E402  (bench/, beside this script)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "float": torch.float32,

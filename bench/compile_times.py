@@ -56,8 +56,8 @@ def _spread(values: list[float]) -> str:
 
 
 def per_extension(kinds: list[str] | None = None, repeat: int = 1) -> list[dict]:
-    from opforge.loader import loaders
     from opforge.platform import current
+    from opforge.registry import loaders
 
     os.environ["OPFORGE_CCACHE"] = "0"
     exts = [(kind, c.extension) for kind, cls in loaders().items() if not kinds or kind in kinds

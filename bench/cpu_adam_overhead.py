@@ -47,8 +47,7 @@ def param(n: int) -> torch.nn.Parameter:
 
 
 def rows(n: int) -> dict:
-    from opforge.optim import CPUAdam
-    from opforge.optim import step_hooks
+    from opforge.optim import CPUAdam, step_hooks
 
     out = {}
     p = param(n)

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .build.inline import load_inline  # noqa: E402
+from .build.jit import load  # noqa: E402
+from .decision import Accepted, Decision, Rejected  # noqa: E402
 from .errors import (  # noqa: E402
     ArchiveError,
     BuildError,
@@ -21,9 +24,6 @@ from .errors import (  # noqa: E402
     ToolchainError,
     UnsafeCacheError,
 )
-from .build.inline import load_inline  # noqa: E402
-from .build.jit import load  # noqa: E402
-from .decision import Accepted, Decision, Rejected  # noqa: E402
 from .extension import (  # noqa: E402
     CppExtension,
     CudaExtension,
@@ -32,8 +32,16 @@ from .extension import (  # noqa: E402
     TorchExtension,
     TritonExtension,
 )
+from .loader import BEFORE_FOREIGN as _BEFORE_FOREIGN  # noqa: E402
 from .loader import KernelLoader  # noqa: E402
 from .notices import KernelFallbackWarning  # noqa: E402
+
+
+def _own_families() -> None:
+    from . import kernel_loader  # noqa: F401  (opforge's own kernel families register)
+
+
+_BEFORE_FOREIGN.append(_own_families)  # before another package's loader or extension registers (loader.py)
 
 __all__ = [
     "load",

@@ -1,7 +1,23 @@
-"""Ahead-of-time builds for other packages: opforge as the build layer of a library's kernels.
+"""Ahead-of-time builds at ``pip install``, for opforge's own kernels and other packages'.
 
-A package declares its loaders and extensions (setting ``aot_package`` to a package of its
-own, such as ``"myops._C"``), and in its ``setup.py``::
+**opforge's own kernels.** ``OPFORGE_BUILD=all`` (or a comma list of kinds and extension
+names) at ``pip install`` compiles those extensions into ``opforge/_C`` with setuptools and
+torch's ``BuildExtension``, and records what they were built against in
+``opforge/_C/build_info.json`` (see ``prebuilt.py``).
+
+* Every x86 ISA variant is built on an x86 host (explicit ``-m`` flags, never
+  tuned to the build host), so one wheel runs on any x86 machine; the loader picks at run time.
+* A plain ``pip install .`` builds nothing: ``setup.py`` imports this module only when
+  ``OPFORGE_BUILD`` is set. (This setuptools glue sits above the engine in ``build/`` and the
+  loaders' registry, whose extensions it builds.)
+* torch must be importable by the build. pip's build isolation hides the installed one, so
+  use ``--no-build-isolation``; without torch this module stops with a message that says so
+  (we don't list torch as a build requirement: pip would fetch a multi-GB CUDA wheel into
+  the isolated environment, and it might not match the torch the kernels run with).
+
+**Other packages' kernels: opforge as the build layer of a library.** A package declares
+its loaders and extensions (setting ``aot_package`` to a package of its own, such as
+``"myops._C"``), and in its ``setup.py``::
 
     from setuptools import setup
     from opforge.aot import setup_extensions
@@ -20,10 +36,211 @@ is a complete example.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import time
 from collections.abc import Iterable
 
 from . import settings as settings_mod
-from .build import aot as _aot
+from .decision import Accepted, Decision, Rejected
+from .errors import OpforgeError
+from .files import atomic_write
+
+_OFF = ("", "0", "none", "no", "off")
+
+
+def torch_or_explain(request: str, var: str = "OPFORGE_BUILD"):
+    try:
+        import torch
+    except ImportError:
+        raise OpforgeError(
+            f"{var}={request} builds kernels against torch, but torch can't be imported in this build "
+            "environment. pip's build isolation hides the installed torch: install torch first, then run "
+            f"`{var}={request} pip install --no-build-isolation .` (or `pip wheel --no-build-isolation .`)."
+        ) from None
+    return torch
+
+
+def parse_request(request: str, extensions: dict, var: str = "OPFORGE_BUILD") -> list:
+    """The extension classes ``OPFORGE_BUILD`` names: ``all``, or kinds and names, comma-separated.
+
+    >>> class E:
+    ...     def __init__(self, name, kind, aot=True): self.name, self.kind, self.support_aot = name, kind, aot
+    >>> exts = {e.name: e for e in (E("a_avx2", "a"), E("a_torch", "a", False), E("b_cuda", "b"))}
+    >>> [e.name for e in parse_request("all", exts)]
+    ['a_avx2', 'b_cuda']
+    >>> [e.name for e in parse_request("a, b_cuda", exts)]
+    ['a_avx2', 'b_cuda']
+    >>> parse_request("c", exts)
+    Traceback (most recent call last):
+    ...
+    ValueError: OPFORGE_BUILD: unknown kernel kind or extension 'c'. Known kinds: a, b; extensions: a_avx2, b_cuda; or 'all'
+    """
+    if request.strip().lower() in _OFF:
+        return []
+    aot = {n: e for n, e in extensions.items() if e.support_aot}
+    kinds = sorted({e.kind for e in aot.values()})
+    chosen: dict[str, object] = {}
+    for token in (t.strip() for t in request.split(",")):
+        if not token:
+            continue
+        if token.lower() == "all":
+            chosen.update(aot)
+        elif token in aot:
+            chosen[token] = aot[token]
+        elif token in kinds:
+            chosen.update({n: e for n, e in aot.items() if e.kind == token})
+        else:
+            raise ValueError(f"{var}: unknown kernel kind or extension {token!r}. Known kinds: "
+                             f"{', '.join(kinds)}; extensions: {', '.join(sorted(aot))}; or 'all'")
+    return sorted(chosen.values(), key=lambda e: e.name)
+
+
+def buildable(ext, machine: str, torch_cuda: str | None, has_nvcc: bool) -> Decision:
+    """Can this build host produce the extension (whatever CPU it runs on)?"""
+    if ext.backend == "cpp":
+        isa = getattr(ext, "isa", None)
+        if isa is not None and not isa.buildable_on(machine):
+            return Rejected(f"{isa.label} code can't be built on {machine}")
+        return Accepted()
+    if ext.backend == "cuda":
+        if torch_cuda is None:
+            return Rejected("this torch has no CUDA")
+        if not has_nvcc:
+            return Rejected("nvcc not found (set CUDA_HOME)")
+        return Accepted()
+    return Rejected(f"a {ext.backend} extension has nothing to build")
+
+
+def setup_kwargs(request: str | None = None) -> dict:
+    """``ext_modules`` and ``cmdclass`` for opforge's own ``setup()``, from ``OPFORGE_BUILD``."""
+    from . import prebuilt
+    from .registry import loaders
+
+    request = settings_mod.current().aot_build if request is None else request
+    if request.strip().lower() in _OFF:
+        return {}
+    torch_or_explain(request)
+    exts = {e.name: e for cls in loaders().values() for e in cls.extensions() if e.aot_package == prebuilt.PACKAGE}
+    return extension_kwargs(request, exts, "OPFORGE_BUILD", "opforge")
+
+
+def extension_kwargs(request: str, extensions: dict, var: str, who: str) -> dict:
+    """``ext_modules`` and ``cmdclass`` that build the ``extensions`` (name -> Extension) that
+    ``request`` names, each into its ``aot_package``; ``var`` is the variable the request came
+    from and ``who`` the package being installed (for the messages)."""
+    from .build import toolchain
+
+    if request.strip().lower() in _OFF:
+        return {}
+    torch = torch_or_explain(request, var)
+    wanted = parse_request(request, extensions, var)
+    machine = os.uname().machine
+    has_nvcc = toolchain.find_nvcc(settings_mod.current()) is not None
+    modules, skipped = [], []
+    for ext in wanted:
+        verdict = buildable(ext, machine, torch.version.cuda, has_nvcc)
+        verdict = verdict and ext.bindings_decision()  # a pybind11 module would build, then offer no ops
+        if verdict:
+            modules.append(setuptools_extension(ext))
+        else:
+            skipped.append(f"{ext.name} ({verdict.reason})")
+    print(f"{who}: {var}={request}: building {', '.join(m.name.split('.')[-1] for m in modules) or 'nothing'}")
+    if skipped:
+        print(f"{who}: not built here: {'; '.join(skipped)}")
+    return {"ext_modules": modules, "cmdclass": {"build_ext": build_ext_class(extensions)}}
+
+
+def setuptools_extension(ext):
+    """torch's ``CppExtension``/``CUDAExtension`` for a compiled extension, named into its
+    ``aot_package``, with the JIT's flags (plus the stable-ABI macro, and ``-g0``)."""
+    from torch.utils import cpp_extension
+
+    from .build import flags as flags_mod
+    from .build import toolchain
+    from .build.key import stable_abi_macro
+
+    root = os.getcwd()
+    abi = [stable_abi_macro(ext.stable_abi)] if ext.stable_abi else []
+    # Python's CFLAGS carry -g: 4x the wheel for symbols nobody reads
+    args = {"cxx": ext.compile_flags() + abi + ["-g0"]}
+    maker = cpp_extension.CppExtension
+    if ext.backend == "cuda":
+        args["nvcc"] = ext.cuda_compile_flags() + abi
+        maker = cpp_extension.CUDAExtension
+    runtime = flags_mod.runtime_ldflags(toolchain.find_cxx(settings_mod.current()))
+    return maker(
+        name=f"{ext.aot_package}.{ext.name}",
+        sources=[os.path.relpath(p, root) for p in ext.source_paths()],
+        include_dirs=ext.include_paths(),
+        extra_compile_args=args,
+        extra_link_args=ext.link_flags() + runtime,
+        py_limited_api=bool(ext.stable_abi),
+    )
+
+
+def build_ext_class(extensions: dict):
+    """torch's BuildExtension, timing each kernel and writing ``build_info.json`` at the end."""
+    import torch
+    from torch.utils.cpp_extension import BuildExtension
+
+    class OpforgeBuildExt(BuildExtension):
+        def build_extension(self, ext):
+            started = time.time()
+            super().build_extension(ext)
+            print(f"opforge: built {ext.name} in {time.time() - started:.1f} s")
+
+        def run(self):
+            super().run()
+            records = {}
+            out_dir = None
+            for ext in self.extensions:
+                name = ext.name.rsplit(".", 1)[-1]
+                path = self.get_ext_fullpath(ext.name)
+                out_dir = os.path.dirname(path)
+                decl = extensions[name]
+                with open(path, "rb") as f:
+                    digest = hashlib.sha256(f.read()).hexdigest()
+                records[name] = {
+                    "file": os.path.basename(path),
+                    "sha256": digest,
+                    "kind": decl.kind,
+                    "backend": decl.backend,
+                    "isa": getattr(getattr(decl, "isa", None), "name", None),
+                    "stable_abi": getattr(decl, "stable_abi", None),
+                    "cflags": list(ext.extra_compile_args.get("cxx", [])) if isinstance(ext.extra_compile_args, dict)
+                    else list(ext.extra_compile_args or []),
+                }
+            if out_dir is None:
+                return
+            write_build_info(out_dir, records, torch)
+
+    return OpforgeBuildExt
+
+
+def write_build_info(out_dir: str, records: dict, torch) -> None:
+    from . import __version__, prebuilt
+    from .build import toolchain
+
+    cxx = toolchain.find_cxx(settings_mod.current())
+    info = {
+        "format": prebuilt.FORMAT,
+        "opforge": __version__,
+        "built_at": time.time(),
+        "compiler": toolchain.probe_version(cxx.argv) if cxx else None,
+        "torch": str(torch.__version__),
+        "torch_git": str(getattr(torch.version, "git_version", "")),
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "cxx11_abi": bool(torch.compiled_with_cxx11_abi()),
+        "python_tag": toolchain.torch_facts().python_tag,
+        "machine": os.uname().machine,
+        "extensions": records,
+    }
+    path = os.path.join(out_dir, prebuilt.INFO_FILE)
+    atomic_write(path, json.dumps(info, indent=1, sort_keys=True))
+    print(f"opforge: recorded {len(records)} prebuilt kernels in {path}")
 
 
 def setup_extensions(loaders: Iterable[type], env: str, request: str | None = None) -> dict:
@@ -40,7 +257,7 @@ def setup_extensions(loaders: Iterable[type], env: str, request: str | None = No
                         f"looked for there: set `aot_package = \"<yourpkg>._C\"` on your extensions")
     packages = sorted({e.aot_package for e in exts.values()})
     request = settings_mod.build_request(env) if request is None else request
-    return _aot.extension_kwargs(request, exts, env, packages[0].split(".")[0] if packages else env)
+    return extension_kwargs(request, exts, env, packages[0].split(".")[0] if packages else env)
 
 
-__all__ = ["setup_extensions"]
+__all__ = ["extension_kwargs", "parse_request", "setup_extensions", "setup_kwargs"]

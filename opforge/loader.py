@@ -92,11 +92,18 @@ def select(extensions: Sequence[Extension], platform, statuses: Mapping[str, Sta
     return out
 
 
+BEFORE_FOREIGN: list = []
+"""Callables run before another package's loader or extension registers. ``opforge/__init__.py``
+installs one that imports opforge's own kernel families, so they register first and a clash
+of names is refused at the newcomer's registration, not later at ``import opforge.optim``.
+(A hook rather than an import here: the families import this module, so this module must not
+import them.)"""
+
+
 def _own_kernels_first(module: str) -> None:
-    """Before another package's loader or extension registers, opforge's own kernel families do, so a
-    clash of names is refused at the newcomer's registration, not later at ``import opforge.optim``."""
     if module != "opforge" and not module.startswith("opforge."):
-        from . import kernel_loader  # noqa: F401  (registers opforge's kernel families)
+        for hook in BEFORE_FOREIGN:
+            hook()
 
 
 _LOADERS: dict[str, type[KernelLoader]] = {}
@@ -294,46 +301,17 @@ def _one_line(exc: BaseException) -> str:
     return f"{line} {first}" if first else line
 
 
-ENTRY_POINTS = "opforge.kernels"
-"""The entry point group through which other packages' kernels are found: each names a module
-that declares loaders and extensions when imported (``myops = "myops.kernels"``)."""
-_PLUGINS: list[str] = []
-_PLUGINS_LOCK = threading.RLock()  # a plugin that calls loaders() while imported gets the list so far
-
-
-def load_plugins() -> list[str]:
-    """Import every ``opforge.kernels`` entry point once per process; one that fails to import
-    is left out with a warning that says why. Returns the entry points imported."""
-    with _PLUGINS_LOCK:
-        if _PLUGINS:
-            return _PLUGINS[1:]
-        from importlib.metadata import entry_points
-
-        _PLUGINS.append("")  # the marker: done (also when an import below fails)
-        for ep in sorted(entry_points(group=ENTRY_POINTS), key=lambda e: e.name):
-            try:
-                ep.load()
-            except Exception as exc:  # noqa: BLE001 (a broken package must not break opforge: say so, go on)
-                warn_once(f"the {ENTRY_POINTS} entry point {ep.name!r} ({ep.value}) could not be imported, "
-                          f"so its kernels are left out: {type(exc).__name__}: {exc}")
-                continue
-            _PLUGINS.append(f"{ep.name} = {ep.value}")
-        return _PLUGINS[1:]
-
-
-def loaders() -> dict[str, type[KernelLoader]]:
-    """Every kernel kind with its loader: opforge's own, those of the packages that declare an
-    ``opforge.kernels`` entry point, and any imported so far."""
-    from . import kernel_loader  # noqa: F401  (registers opforge's kernel families)
-
-    load_plugins()
+def registered() -> dict[str, type[KernelLoader]]:
+    """The loaders registered so far, by kind (``opforge.registry.loaders()`` imports every family
+    and plugin first)."""
     with _REGISTRY_LOCK:
         return dict(sorted(_LOADERS.items()))
 
 
-def find_extension(name: str) -> type[Extension] | None:
-    loaders()
-    return _NAMES.get(name)
+def registered_extension(name: str) -> type[Extension] | None:
+    """The extension registered under ``name`` so far, if any."""
+    with _REGISTRY_LOCK:
+        return _NAMES.get(name)
 
 
 def clear_cache() -> None:
@@ -343,4 +321,5 @@ def clear_cache() -> None:
             cls._cache.clear()
 
 
-__all__ = ["NEEDS_BUILD", "Candidate", "KernelLoader", "loaders", "select", "toolchain_decision"]
+__all__ = ["NEEDS_BUILD", "Candidate", "KernelLoader", "clear_cache", "registered", "registered_extension", "select",
+           "toolchain_decision"]

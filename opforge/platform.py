@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 
 from . import settings as settings_mod
 from .errors import ToolchainError
+from .files import atomic_write
 
 
 @dataclass(frozen=True)
@@ -275,10 +276,7 @@ def _tool_info(argv: tuple[str, ...], identity: str, s: settings_mod.Settings) -
         return ToolInfo(argv[0], "")
     try:
         os.makedirs(os.path.dirname(memo), mode=0o700, exist_ok=True)
-        tmp = f"{memo}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(version)
-        os.replace(tmp, memo)
+        atomic_write(memo, version, durable=False)
     except OSError:
         pass  # an unwritable cache only costs the probe next time
     return ToolInfo(argv[0], version)

@@ -12,8 +12,8 @@ time is seen at the next ``load()``. No other module reads ``os.environ``.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 #: Variables that are part of a build's identity: they change the binary.
 BUILD_ENV_VARS = ("CXX", "CC", "CUDA_HOME", "PYTORCH_NVCC", "TORCH_CUDA_ARCH_LIST")

@@ -15,7 +15,7 @@ import zipfile
 import pytest
 from conftest import ROOT
 
-from opforge.build import aot
+from opforge import aot
 
 _IGNORE = shutil.ignore_patterns(".git", ".venv", "*.egg-info", "__pycache__", "*.so", ".pytest_cache", ".hypothesis",
                                  ".cache", ".whl", ".bench-cache", "build_info.json")
@@ -135,7 +135,7 @@ print("cache", sorted(n for n in os.listdir(os.environ["OPFORGE_CACHE_DIR"]) if 
 
 
 def test_unknown_request_names_the_valid_ones():
-    from opforge.loader import loaders
+    from opforge.registry import loaders
 
     exts = {e.name: e for cls in loaders().values() for e in cls.extensions()}
     with pytest.raises(ValueError, match="Known kinds: .*selftest"):

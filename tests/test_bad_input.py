@@ -10,12 +10,11 @@ from __future__ import annotations
 import os
 
 import pytest
+from conftest import pymod_source
 
 import opforge
 from opforge import settings as settings_mod
 from opforge.build import toolchain
-
-from conftest import pymod_source
 
 
 def _entries(name_dir) -> list[str]:

@@ -31,9 +31,9 @@ from hypothesis import strategies as st
 import opforge.ops  # noqa: F401  (registers torch.ops.opforge.*)
 from opforge.kernel_loader import BiasActLoader
 from opforge.kernels.bias_act import dispatch
-from opforge.loader import loaders
 from opforge.nn import BiasAct
 from opforge.ops import bias_act
+from opforge.registry import loaders
 
 op_module = importlib.import_module("opforge.ops.bias_act")  # the attribute opforge.ops.bias_act is the function
 

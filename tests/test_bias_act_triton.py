@@ -32,7 +32,6 @@ import sys
 
 import pytest
 import torch
-
 from test_bias_act import CONFIGS, DTYPES  # noqa: I001  (tests/ is on sys.path under pytest)
 
 from opforge.kernels.bias_act import reference

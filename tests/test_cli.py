@@ -7,8 +7,8 @@ import os
 import time
 
 import pytest
-
 from conftest import run_python
+
 from opforge.cli.main import main
 
 
@@ -134,7 +134,7 @@ def test_a_failed_builds_leftovers_are_listed_with_their_size_and_cleaned_by_age
     assert main(["cache", "clean", "--older-than", "7"]) == 0  # both are minutes old: kept
     assert "removed 0 item(s)" in capsys.readouterr().out
     old = time.time() - 10 * 86400
-    for root, dirs, files in os.walk(cache_dir / "cli_broken"):
+    for root, _, files in os.walk(cache_dir / "cli_broken"):
         for p in [root, *(os.path.join(root, f) for f in files)]:
             os.utime(p, (old, old))
     assert main(["cache", "clean", "--older-than", "7"]) == 0

@@ -13,8 +13,7 @@ import sys
 
 import pytest
 
-from opforge import loader as loader_mod
-from opforge import platform, prebuilt, settings
+from opforge import platform, prebuilt, registry, settings
 from opforge.cli import build_cmd
 from opforge.cli.main import main
 from opforge.extension import CppExtension, TorchExtension
@@ -110,7 +109,7 @@ def test_one_failure_does_not_stop_the_others(use_built, tmp_path_factory, monke
     ToyLoader.register_extension(Broken)
     ToyLoader.register_extension(Ref)
     kinds = {"buildcmd_toy": ToyLoader, "selftest": SelftestLoader}
-    monkeypatch.setattr(loader_mod, "loaders", lambda: dict(kinds))
+    monkeypatch.setattr(registry, "loaders", lambda: dict(kinds))
 
     assert main(["build", "--json", "--jobs", "2"]) == 1
     data = json.loads(capsys.readouterr().out)
@@ -145,5 +144,5 @@ def test_all_covers_every_kind(use_built, capsys):
     assert main(["build", "--all", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     kinds = {r["kind"] for r in data["results"]}
-    assert kinds == set(loader_mod.loaders())
+    assert kinds == set(registry.loaders())
     assert data["ok"] and data["counts"]["failed"] == 0

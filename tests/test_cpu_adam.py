@@ -341,7 +341,7 @@ def test_multi_matches_fp64_reference(name, config):
         steps = [float(t) + 1 for t in got[6]]
         assert kernel(name).adam_step_multi_(*got, *scalars, False, 2)
         assert [float(t) for t in got[6]] == steps
-        for i, (p, g, m, v, vmax) in enumerate(zip(*want)):
+        for i, (p, _, m, v, vmax) in enumerate(zip(*want)):
             p, m, v, vmax = reference_step(p, got[1][i].double(), m, v, vmax, steps[i], *scalars)
             want[0][i], want[2][i], want[3][i], want[4][i] = p.to(got[0][i].dtype).double(), m, v, vmax
     for i, dtype in enumerate(t.dtype for t in got[0]):

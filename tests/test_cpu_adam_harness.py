@@ -11,7 +11,6 @@ import shutil
 import subprocess
 
 import pytest
-
 from conftest import ROOT
 
 CSRC = os.path.join(ROOT, "opforge", "kernels", "cpu_adam", "csrc")

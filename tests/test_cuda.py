@@ -8,9 +8,9 @@ import textwrap
 
 import pytest
 import torch
+from conftest import run_python
 
 import opforge
-from conftest import run_python
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "cuda_ext")
 pytestmark = pytest.mark.cuda

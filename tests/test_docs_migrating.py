@@ -32,7 +32,6 @@ import shlex
 from dataclasses import dataclass
 
 import pytest
-
 from conftest import ROOT, has_cxx, run_python
 
 DOC = os.path.join(ROOT, "docs", "migrating.md")
@@ -474,7 +473,7 @@ def test_environment_variables_exist():
 
 
 def test_entry_point_group():
-    from opforge.loader import ENTRY_POINTS
+    from opforge.registry import ENTRY_POINTS
 
     groups = re.findall(r'entry-points\."([^"]+)"', "".join(b.code for b in BLOCKS if b.lang == "toml"))
     assert groups, "the guide shows no entry point group"

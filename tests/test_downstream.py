@@ -161,7 +161,7 @@ def test_a_broken_entry_point_is_left_out_with_a_warning(tmp_path):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text("[opforge.kernels]\nbroken = no_such_module_here\n")
     code = ("import warnings; warnings.simplefilter('always')\n"
-            "from opforge.loader import loaders, load_plugins\n"
+            "from opforge.registry import loaders, load_plugins\n"
             "kinds = loaders()\n"
             "assert 'selftest' in kinds and load_plugins() == [], load_plugins()\n"
             "print('ok')\n")

@@ -19,6 +19,7 @@ import threading
 import time
 
 import pytest
+from conftest import ROOT, pymod_source, run_python
 
 import opforge
 from opforge import settings as settings_mod
@@ -27,10 +28,6 @@ from opforge.build.cache import Entry, Layout
 from opforge.build.key import make_spec, sha256_file
 from opforge.build.lock import BuildLock, read_holder
 from opforge.cli.main import main as cli_main
-
-from conftest import ROOT, pymod_source, run_python
-
-
 
 # --------------------------------------------------------------------------- helpers
 

@@ -10,9 +10,9 @@ import textwrap
 
 import pytest
 import torch
+from conftest import pymod_source, run_python
 
 import opforge
-from conftest import pymod_source, run_python
 
 LEAN_OP = textwrap.dedent(
     """

@@ -62,7 +62,7 @@ def test_a_check_that_raises_or_returns_junk_is_a_rejection_not_a_crash():
 
 def test_seed_api_names_are_honoured_not_ignored():
     def assert_hw(self):
-        assert False, "needs an Ampere GPU"
+        raise AssertionError("needs an Ampere GPU")
 
     Loader, (hw, compat, plain, last) = kind_with(
         {"is_hardware_available": lambda self: False},
@@ -143,7 +143,7 @@ def test_a_missing_op_names_the_library_and_its_namespace(cache_dir):
     kernel = SelftestLoader().load(ext_name="selftest_scalar")
     with pytest.raises(AttributeError, match=r"selftest_scalar \(.*\) registers no op 'scale_add' in "
                                              r"torch.ops.selftest_scalar: check that its TORCH_LIBRARY"):
-        kernel.scale_add
+        _ = kernel.scale_add
 
 
 def test_a_users_name_or_kind_that_clashes_with_opforges_is_refused_at_registration():

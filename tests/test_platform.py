@@ -6,12 +6,11 @@ import json
 import os
 
 import torch
+from conftest import run_python
 
 from opforge import platform as platform_mod
 from opforge import settings
 from opforge.platform import Platform, ToolInfo
-
-from conftest import run_python
 
 
 def test_detects_this_machine(cache_dir):

@@ -34,8 +34,9 @@ from opforge.extension import (
     PythonExtension,
     Status,
 )
-from opforge.loader import KernelLoader, clear_cache, loaders, select
+from opforge.loader import KernelLoader, clear_cache, select
 from opforge.platform import Cpu, Gpu, Platform, ToolInfo
+from opforge.registry import loaders
 
 KINDS = loaders()  # every kernel kind opforge ships, selftest too
 FEATURES = sorted({f for i in isa.ALL.values() for f in i.features} | {"sse4_2", "avx", "sve"})

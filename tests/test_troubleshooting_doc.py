@@ -26,11 +26,10 @@ import os
 import re
 
 import pytest
+from conftest import ROOT
 
 import opforge
 import opforge.errors
-
-from conftest import ROOT
 
 DOC = os.path.join(ROOT, "docs", "troubleshooting.md")
 TESTS = os.path.join(ROOT, "tests")

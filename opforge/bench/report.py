@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import __version__
+from ..files import atomic_write
 from ..platform import Platform
 from .model import FamilyResult, Options
 from .runner import devices as pick_devices
@@ -65,11 +66,7 @@ class Report:
         }
 
     def write_json(self, path: str) -> None:
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(self.to_json(), f, indent=1, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps(self.to_json(), indent=1, allow_nan=False) + "\n")
 
 
 def run(kinds: Iterable[str] = (), device_names: Iterable[str] = (), options: Options | None = None,

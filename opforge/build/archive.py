@@ -180,7 +180,7 @@ def export(path: str, names: list[str] | None = None, root: str | None = None,
         with tarfile.open(tmp, mode) as tar:
             blob = json.dumps(index, indent=1, sort_keys=True).encode()
             tar.addfile(_tarinfo(INDEX, len(blob)), io.BytesIO(blob))
-            for n, e, m, files in chosen:  # entries are immutable: what was hashed is what is packed
+            for n, e, _, files in chosen:  # entries are immutable: what was hashed is what is packed
                 for fname, (fpath, size, _) in files.items():
                     with open(fpath, "rb") as f:
                         tar.addfile(_tarinfo(_member(n, e, fname), size), f)

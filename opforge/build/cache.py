@@ -169,23 +169,6 @@ def _fsync_file(path: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str, data: bytes) -> None:
-    """Write ``path`` whole or not at all: a temp file beside it (fsynced), then ``os.replace``.
-    A reader sees the old file or the new one, never half of one; the temp file is removed on error."""
-    tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
 
 def publish(
     layout: Layout,

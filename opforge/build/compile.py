@@ -17,6 +17,7 @@ import subprocess
 from dataclasses import dataclass
 
 from ..errors import BuildError
+from ..files import atomic_write, write_if_changed
 from .deps import parse_ninja_deps
 from .flags import Flags
 from .key import BuildSpec, is_cuda_file
@@ -90,16 +91,7 @@ def write_ninja(path: str, spec: BuildSpec, flags: Flags, cxx_argv: list[str], n
         mapping[obj] = src
     w.build(spec.binary_name, "link", objects)
     w.default(spec.binary_name)
-    content = w.text()
-    try:
-        with open(path, encoding="utf-8") as f:
-            if f.read() == content:
-                return mapping
-    except FileNotFoundError:
-        pass
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.write(content)
-    os.replace(path + ".tmp", path)
+    write_if_changed(path, w.text())
     return mapping
 
 
@@ -145,10 +137,7 @@ def save_state(build_dir: str, deps: dict[str, list[str]], sources: dict[str, st
                 continue
         src = sources.get(obj, "")
         state[obj] = {"source": src, "source_sha256": source_digests.get(src, ""), "inputs": rows}
-    tmp = os.path.join(build_dir, STATE_FILE + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(state, f)
-    os.replace(tmp, os.path.join(build_dir, STATE_FILE))
+    atomic_write(os.path.join(build_dir, STATE_FILE), json.dumps(state), durable=False)
 
 
 def error_excerpt(log: str, max_lines: int = 25) -> str:

@@ -10,8 +10,8 @@ when the size moves.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Iterable
 
 from .key import digest, sha256_file
 
@@ -24,7 +24,7 @@ class DepRecord:
     sha256: str
 
     @classmethod
-    def of(cls, path: str) -> "DepRecord":
+    def of(cls, path: str) -> DepRecord:
         st = os.stat(path)
         return cls(path, st.st_size, st.st_mtime_ns, sha256_file(path))
 

@@ -22,6 +22,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 
+from ..files import atomic_write
 from .deps import is_system_path, parse_ninja_deps
 
 PREFIX = ".failed-"
@@ -69,16 +70,10 @@ class Failure:
 def record(path: str, exc: BaseException, inputs: list) -> None:
     """Write the record (best effort: without it the next process only builds, and fails, again)."""
     f = Failure(time.time(), os.getpid(), socket.gethostname(), str(exc), getattr(exc, "log_path", None), inputs)
-    tmp = f"{path}.{os.getpid()}"
     try:
-        with open(tmp, "w", encoding="utf-8") as out:
-            json.dump(asdict(f), out)
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps(asdict(f)), durable=False)
     except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        pass
 
 
 def read(path: str) -> Failure | None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 
 from .. import settings as settings_mod
+from ..files import write_if_changed
 from . import cache
 from .cache import Layout
 from .jit import _load, check_no_sycl
@@ -84,22 +84,10 @@ def load_inline(
     paths = []
     for fname, text in files.items():
         path = os.path.join(src_dir, fname)
-        _write_if_changed(path, text)
+        write_if_changed(path, text)
         paths.append(path)
     return _load(s, name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths, build_directory,
                  verbose, with_cuda, is_python_module, False)
 
 
-def _write_if_changed(path: str, text: str) -> None:
-    """Atomically write ``text`` unless the file already holds it (keeps mtimes, so no rebuild)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            if f.read() == text:
-                return
-    except FileNotFoundError:
-        pass
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 

@@ -20,7 +20,8 @@ import time
 
 from .. import settings as settings_mod
 from ..errors import BuildError
-from . import cache, deps as deps_mod, failures, importer, ranks, toolchain
+from . import cache, failures, importer, ranks, toolchain
+from . import deps as deps_mod
 from .cache import Entry, Layout
 from .key import BuildSpec, is_cuda_file, make_spec
 from .progress import Reporter
@@ -255,7 +256,8 @@ def _clean_build_dir(build_dir: str, own: bool) -> None:
 
 def _compile_and_publish(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, cxx: toolchain.Tool,
                          nvcc: toolchain.Tool | None, ninja: str, build_dir: str, reporter: Reporter) -> Entry:
-    from . import compile as compile_mod, flags as flags_mod
+    from . import compile as compile_mod
+    from . import flags as flags_mod
 
     home = toolchain.cuda_home(s) if spec.with_cuda else None
     flags = flags_mod.derive(spec, s)

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, fields
 from ..errors import ToolchainError
 from ..settings import Settings
 from . import toolchain
-from .toolchain import TorchFacts, Tool
+from .toolchain import Tool, TorchFacts
 
 #: Bump when the flags opforge derives, or the cache layout, change.
 #: 2: the shared libstdc++ is linked explicitly when the compiler only has a static one.

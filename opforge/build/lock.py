@@ -14,12 +14,13 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import filelock
 
 from ..errors import LockTimeoutError
+from ..files import atomic_write
 
 #: How often a waiter re-prints who holds the lock.
 NOTICE_EVERY_S = 30.0
@@ -87,7 +88,7 @@ class BuildLock:
         self.previous: Holder | None = None
         self._lock = filelock.FileLock(path, mode=0o600, thread_local=False, fallback_to_soft=False)
 
-    def __enter__(self) -> "BuildLock":
+    def __enter__(self) -> BuildLock:
         start = time.monotonic()
         try:  # a moment's grace first: a waiting rank's probe (build/ranks.py) holds it for microseconds
             self._lock.acquire(timeout=0.2, poll_interval=0.01)
@@ -98,14 +99,10 @@ class BuildLock:
         # We hold it. A holder file still here was left by a holder that died.
         self.previous = read_holder(self.path)
         me = Holder(os.getpid(), socket.gethostname(), time.time(), self.what)
-        tmp = f"{self.path}.holder.{os.getpid()}"
         try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(me.__dict__, f)
-            os.replace(tmp, self.path + ".holder")
+            atomic_write(self.path + ".holder", json.dumps(me.__dict__), durable=False)
         except OSError:  # only the waiters' messages need it (a full disk must not leave the lock held)
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            pass
         return self
 
     def _wait(self, start: float) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 
 class Reporter:
@@ -31,7 +31,7 @@ class Reporter:
             print(f"opforge: {msg}", file=sys.stderr, flush=True)
 
     @contextlib.contextmanager
-    def building(self, name: str, n_sources: int) -> Iterator["_Progress"]:
+    def building(self, name: str, n_sources: int) -> Iterator[_Progress]:
         title = f"building {name} ({n_sources} source{'s' if n_sources != 1 else ''})"
         progress = _Progress(title, self)
         if self.tty:

@@ -12,14 +12,14 @@ Two speeds:
 from __future__ import annotations
 
 import functools
-import re
+import importlib.machinery
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
-import importlib.machinery
 from dataclasses import dataclass
 
 from ..errors import ToolchainError

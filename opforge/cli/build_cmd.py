@@ -40,8 +40,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 
-from .. import __version__
-from .. import loader as loader_mod
+from .. import __version__, registry
 from .. import prebuilt as prebuilt_mod
 from .. import settings as settings_mod
 from ..build.progress import Reporter
@@ -120,7 +119,7 @@ def selection(tokens, use_all: bool, known: dict) -> tuple[dict[str, set[str] | 
         if token in known:
             chosen[token] = None
             continue
-        ext = loader_mod.find_extension(token)
+        ext = registry.find_extension(token)
         if ext is None or ext.kind not in known:
             bad.append(token)
         elif chosen.get(ext.kind, set()) is not None:
@@ -310,7 +309,7 @@ def cmd_build(args) -> int:
     if error:
         print(f"opforge build: {error}", file=sys.stderr)
         return 2
-    known = loader_mod.loaders()
+    known = registry.loaders()
     chosen, error = selection(args.kinds, args.all, known)
     if error:
         print(f"opforge build: {error}", file=sys.stderr)

@@ -67,8 +67,7 @@ from __future__ import annotations
 import json
 import sys
 
-from .. import __version__
-from .. import loader as loader_mod
+from .. import __version__, registry
 from .. import prebuilt as prebuilt_mod
 from .. import settings as settings_mod
 from ..platform import Platform
@@ -148,7 +147,7 @@ def collect(kinds=(), platform: Platform | None = None, prebuilt: prebuilt_mod.P
 
     platform = platform or current(settings_mod.current())
     prebuilt = prebuilt if prebuilt is not None else prebuilt_mod.read()
-    all_loaders = loader_mod.loaders()
+    all_loaders = registry.loaders()
     out_kinds = []
     packages: set[str] = set()
     for kind, cls in all_loaders.items():
@@ -281,7 +280,10 @@ def candidate_cells(c: dict) -> list[str]:
 
 def print_plain(data: dict, out=None) -> None:
     out = out or sys.stdout
-    w = lambda line="": print(line, file=out)
+
+    def w(line=""):
+        print(line, file=out)
+
     w(f"opforge {data['opforge']} report")
     for k in data["kinds"]:
         w()
@@ -337,7 +339,7 @@ def cmd_report(args) -> int:
     if error:
         print(f"opforge report: {error}", file=sys.stderr)
         return 2
-    known = loader_mod.loaders()
+    known = registry.loaders()
     error = unknown_kinds(args.kinds, known)
     if error:
         print(f"opforge report: {error}", file=sys.stderr)

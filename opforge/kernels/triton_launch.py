@@ -30,7 +30,8 @@ from __future__ import annotations
 import inspect
 import math
 import threading
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 

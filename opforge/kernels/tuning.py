@@ -28,8 +28,8 @@ import hashlib
 import json
 import os
 
-from ..build.cache import atomic_write
 from ..build.inventory import TUNING_DIR as DIR
+from ..files import atomic_write
 
 FORMAT = 1
 

@@ -9,8 +9,6 @@ these ops are for code that wants the step inside a compiled graph.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from ..kernels.cpu_adam import CPUAdamLoader
@@ -20,7 +18,7 @@ from ..kernels.cpu_adam import CPUAdamLoader
                          mutates_args=("param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "param_copy"),
                          device_types="cpu")
 def adam_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-               max_exp_avg_sq: Optional[torch.Tensor], param_copy: Optional[torch.Tensor], lr: float, beta1: float,
+               max_exp_avg_sq: torch.Tensor | None, param_copy: torch.Tensor | None, lr: float, beta1: float,
                beta2: float, eps: float, weight_decay: float, step: int, adamw: bool, bias_correction: bool,
                maximize: bool, grad_scale: float) -> None:
     """``max_exp_avg_sq`` given: amsgrad. ``param_copy`` given: the updated param is also

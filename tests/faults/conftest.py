@@ -15,7 +15,6 @@ import sys
 from collections import defaultdict
 
 import pytest
-
 from conftest import ROOT
 
 # Loads in a fresh interpreter and says whether what it got is whole.

@@ -18,11 +18,10 @@ import sys
 import time
 
 import pytest
+from conftest import ROOT, pymod_source
 
 import opforge
 from opforge.build import cache, importer, inventory
-
-from conftest import ROOT, pymod_source
 
 from .conftest import LOAD
 

@@ -14,10 +14,9 @@ module); the loader only uses it where triton is (``TritonExtension.check_compat
 
 from __future__ import annotations
 
+from ..triton_compat import jit, tl, triton
 from . import reference
 from .activations import ACTIVATIONS, SELU_ALPHA, SELU_SCALE
-
-from ..triton_compat import jit, tl, triton
 
 CODES = {"linear": 1, "relu": 2, "lrelu": 3, "tanh": 4, "sigmoid": 5, "elu": 6, "selu": 7, "softplus": 8,
          "swish": 9, "gelu": 10, "gelu_tanh": 11}

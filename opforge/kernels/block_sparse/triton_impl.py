@@ -241,7 +241,10 @@ def _grad_input_plan(dy, w, rows, col_ptr, col_order, in_features):
     key = (bucket(tokens), max(1, l2 // 2 // max(1, out_features * dy.element_size())), depth(nnz, lines))
     dev, prec, size = dy.device.index, precision(dy.dtype), dy.element_size()
     dx = torch.empty(tokens, in_features, dtype=dy.dtype, device=dy.device)  # for tuning runs
-    keep = lambda c: m_fits(c, tokens, bh, bw, size)
+
+    def keep(c):
+        return m_fits(c, tokens, bh, bw, size)
+
     if has_tma and tma_ready(tokens, dy, w.view(-1, bw)):
         def build(c):
             m, k = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]

@@ -59,7 +59,7 @@ def bucket(t: int) -> int:
     return min(65536, pow2(max(1, t)))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _properties(index: int):
     """The device's properties, read once (a lookup costs µs)."""
     return torch.cuda.get_device_properties(index)
@@ -109,7 +109,7 @@ def supported(t: torch.Tensor, bh: int, bw: int) -> bool:
     return t.is_cuda and t.dtype in KERNEL_DTYPES and bh in BLOCK_SIZES and bw in BLOCK_SIZES
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def has_tma(device_index: int) -> bool:
     return TensorDescriptor is not None and torch.cuda.get_device_capability(device_index)[0] >= 9
 
