@@ -35,6 +35,7 @@ from .extension import (  # noqa: E402
 from .loader import BEFORE_FOREIGN as _BEFORE_FOREIGN  # noqa: E402
 from .loader import KernelLoader  # noqa: E402
 from .notices import KernelFallbackWarning  # noqa: E402
+from .process import reset  # noqa: E402
 
 
 def _own_families() -> None:
@@ -56,6 +57,7 @@ __all__ = [
     "TorchExtension",
     "KernelLoader",
     "KernelFallbackWarning",
+    "reset",
     "LoadedKernel",
     "ArchiveError",
     "BuildError",

@@ -31,7 +31,7 @@ import importlib
 import inspect
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from . import isa as isa_mod
@@ -40,6 +40,7 @@ from .decision import Accepted, Decision, Rejected
 from .errors import OpforgeError
 from .loaded import LoadedKernel
 from .notices import KernelFallbackWarning, warn_once  # noqa: F401 (KernelFallbackWarning: re-exported)
+from .process import forgets
 
 BACKENDS = ("cpp", "cuda", "triton", "torch")
 
@@ -58,10 +59,23 @@ class Status:
     state: str
     note: str = ""
     """Why a prebuilt binary that is present was passed over, if it was."""
+    spec: object = field(default=None, compare=False, repr=False)
+    """The ``BuildSpec`` the status was worked out for (compiled extensions), with ``entry``, the
+    cache entry it found (``CACHED``), and the ``settings`` they were made under: a load right
+    after reuses them rather than hashing the sources and scanning the cache a second time."""
+    entry: object = field(default=None, compare=False, repr=False)
+    settings: object = field(default=None, compare=False, repr=False)
 
 
 _LOADED: dict[str, LoadedKernel] = {}
 _LOADED_LOCK = threading.RLock()
+
+
+@forgets
+def _forget_loaded() -> None:
+    """``Extension.load`` asks its loader's path again (the binary itself stays loaded)."""
+    with _LOADED_LOCK:
+        _LOADED.clear()
 
 
 class Extension:
@@ -248,11 +262,11 @@ class CompiledExtension(Extension):
         except OpforgeError as exc:  # e.g. an unsafe cache: the load will raise it; the report shows it
             return Status(NEEDS_BUILD, "; ".join(filter(None, [note, f"cache unusable: {exc}"])))
         if entry is not None:
-            return Status(CACHED, note)
+            return Status(CACHED, note, spec, entry, s)
         failure = failures.read(failures.path_for(layout.name_dir(self.name), spec.input_key))
         if failure is not None and failure.still_holds():
-            return Status(FAILED, "; ".join(filter(None, [note, failure.describe(self.name)])))
-        return Status(NEEDS_BUILD, note)
+            return Status(FAILED, "; ".join(filter(None, [note, failure.describe(self.name)])), spec, None, s)
+        return Status(NEEDS_BUILD, note, spec, None, s)
 
     def _load(self, platform, status: Status | None, verbose: bool) -> LoadedKernel:
         from . import prebuilt as prebuilt_mod
@@ -281,7 +295,9 @@ class CompiledExtension(Extension):
 
         if status.state != CACHED:
             self._check_bindings()
-        path = jit.load_spec(self.spec(s), s, None, Reporter(verbose or s.verbose))
+        fresh = status.spec is not None and status.settings == s  # worked out just now, for these settings
+        spec = status.spec if fresh else self.spec(s)
+        path = jit.load_spec(spec, s, None, Reporter(verbose or s.verbose), status.entry if fresh else None)
         return self._open(path, CACHED if status.state == CACHED else "built", loaded=True)
 
     def build_jit(self, verbose: bool = False, settings: settings_mod.Settings | None = None, reporter=None):

@@ -30,6 +30,7 @@ from .decision import Accepted, Decision, Rejected, first_rejection
 from .errors import OpforgeError
 from .extension import CACHED, FAILED, NEEDS_BUILD, PREBUILT, Extension, LoadedKernel, Status
 from .notices import warn_once
+from .process import forgets
 
 
 @dataclass(frozen=True)
@@ -314,8 +315,10 @@ def registered_extension(name: str) -> type[Extension] | None:
         return _NAMES.get(name)
 
 
+@forgets
 def clear_cache() -> None:
-    """Forget which implementations were chosen (for tests; loaded libraries stay loaded)."""
+    """Forget which implementations were chosen (``opforge.reset()`` calls it; loaded libraries stay
+    loaded)."""
     for cls in list(_LOADERS.values()):
         with cls._lock:
             cls._cache.clear()

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from . import settings as settings_mod
 from .errors import ToolchainError
 from .files import atomic_write
+from .process import forgets
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,13 @@ class Platform:
 
 _CURRENT: dict[tuple, Platform] = {}
 _CURRENT_LOCK = threading.Lock()
+
+
+@forgets
+def _forget() -> None:
+    with _CURRENT_LOCK:
+        _CURRENT.clear()
+    detect_cpu.cache_clear()
 
 
 def current(settings: settings_mod.Settings | None = None, init_cuda: bool = False) -> Platform:

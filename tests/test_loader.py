@@ -431,3 +431,32 @@ def test_register_cpu_variants_declares_one_extension_per_isa():
         (f"{Loader.kind}_v_neon", "neon", 30), (f"{Loader.kind}_v_scalar", "portable", 10)]
     assert all(c.kind == Loader.kind and c.source_paths() == Base.source_paths() for c in made)
     assert chosen(HASWELL) == "selftest_avx2"  # the shipped kinds are declared this way
+
+
+def test_a_first_load_hashes_the_sources_and_scans_the_cache_once(shared_cache):
+    """The status a loader works out (the spec, the cache entry found) goes on to the load, so a
+    first load in a process makes one spec and one cache lookup, not two of each (issue 22)."""
+    from conftest import in_cache
+
+    from opforge.kernel_loader import SelftestLoader
+
+    in_cache(shared_cache, lambda: SelftestLoader().load())  # built (or found) here: warm for the child
+    code = """
+from opforge import extension
+from opforge.build import jit
+from opforge.kernel_loader import SelftestLoader
+counts = {"spec": 0, "find": 0}
+spec, find = extension.CompiledExtension.spec, jit.find_entry
+def counted_spec(self, s):
+    counts["spec"] += 1
+    return spec(self, s)
+def counted_find(*args, **kw):
+    counts["find"] += 1
+    return find(*args, **kw)
+extension.CompiledExtension.spec, jit.find_entry = counted_spec, counted_find
+k = SelftestLoader().load()
+print(k.origin, counts["spec"], counts["find"])
+"""
+    out = run_python(code, env={"OPFORGE_CACHE_DIR": str(shared_cache)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [CACHED, "1", "1"], out.stdout

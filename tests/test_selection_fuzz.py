@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import opforge
 from opforge import isa
 from opforge.errors import BuildError, OpforgeError
 from opforge.extension import (
@@ -34,7 +35,7 @@ from opforge.extension import (
     PythonExtension,
     Status,
 )
-from opforge.loader import KernelLoader, clear_cache, select
+from opforge.loader import KernelLoader, select
 from opforge.platform import Cpu, Gpu, Platform, ToolInfo
 from opforge.registry import loaders
 
@@ -148,11 +149,11 @@ def fake_world(monkeypatch):
 
     def set_world(platform, states, broken):
         world.update(platform=platform, states=states, broken=broken, tried=[])
-        clear_cache()
+        opforge.reset()
         return world
 
     yield set_world
-    clear_cache()
+    opforge.reset()
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))

@@ -77,9 +77,12 @@ def _load(s: settings_mod.Settings, name, sources, extra_cflags, extra_cuda_cfla
     return load_spec(spec, s, build_directory, Reporter(bool(verbose) or s.verbose))
 
 
-def load_spec(spec: BuildSpec, s: settings_mod.Settings, build_directory: str | None, reporter: Reporter):
+def load_spec(spec: BuildSpec, s: settings_mod.Settings, build_directory: str | None, reporter: Reporter,
+              found: Entry | None = None):
+    """Import ``spec``'s binary: from ``found`` (an entry ``find_entry`` returned for this spec a
+    moment ago, as a loader's status holds it), else the cache's entry, else a fresh build."""
     layout = Layout(s.cache_dir)
-    entry = find_entry(layout, spec, reporter)
+    entry = found if found is not None else find_entry(layout, spec, reporter)
     bad: list[str] = []
     if entry is not None:
         result = _import(entry, spec, reporter)

@@ -23,6 +23,7 @@ import tempfile
 from dataclasses import dataclass
 
 from ..errors import ToolchainError
+from ..process import forgets
 from ..settings import Settings
 
 
@@ -325,3 +326,10 @@ def host_cpu_identity() -> str:
         return repr(sorted(wanted.items()))
     except OSError:
         return os.uname().machine
+
+
+@forgets
+def _forget() -> None:
+    """The probes memoized per tool identity, and torch's facts (``opforge.reset()``)."""
+    for memo in (nvcc_release, _print_file_name, links_with, torch_facts):
+        memo.cache_clear()

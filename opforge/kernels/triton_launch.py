@@ -30,12 +30,14 @@ from __future__ import annotations
 import inspect
 import math
 import threading
+import weakref
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
 from .. import settings
+from ..process import forgets
 from .triton_compat import TensorDescriptor, triton
 from .triton_tma import Described, RawLauncher, described
 from .tuning import TuningStore, fingerprint
@@ -118,6 +120,7 @@ class TunedKernel:
         self._chosen: dict[tuple, Choice] = {}
         self._compiled: dict[tuple, object] = {}
         self._stores: dict[int, TuningStore] = {}
+        _INSTANCES.add(self)
         self._lock = threading.Lock()
         self.tuning_runs = 0
         self.store_hits = 0
@@ -152,6 +155,12 @@ class TunedKernel:
                                          "num_stages": found.num_stages, "tried": len(kept)})
         self._chosen[(device, key)] = found
         return found
+
+    def forget(self) -> None:
+        """Read each key's config from the cache again (``opforge.reset()``: the cache directory may
+        have changed); compiled kernels are kept."""
+        self._chosen.clear()
+        self._stores.clear()
 
     def _store(self, device: int) -> TuningStore:
         store = self._stores.get(device)
@@ -282,6 +291,15 @@ def direct() -> bool:
     if not _DIRECT:
         _DIRECT.append(settings.current().triton_direct)
     return _DIRECT[0] and not _hooks_active()
+
+
+_INSTANCES: weakref.WeakSet = weakref.WeakSet()
+
+
+@forgets
+def _forget() -> None:
+    for kernel in list(_INSTANCES):
+        kernel.forget()
 
 
 __all__ = ["Choice", "Plan", "TunedKernel", "direct", "spec"]

@@ -24,6 +24,7 @@ from ..kernels import triton_launch
 from ..kernels.block_sparse import native_autograd
 from ..kernels.block_sparse.layout import BlockSparseLayout
 from ..kernels.block_sparse.loader import BlockSparseLoader
+from ..process import forgets
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -237,6 +238,13 @@ _NATIVE: list = [None]
 """The CUDA kernel's table of forward launches replayed from C++ (``NATIVE_FORWARD``, a
 ``kernels.native_launch.NativeTable``), once a call has gone to that kernel."""
 _MATMUL = torch.backends.cuda.matmul
+
+
+@forgets
+def _forget() -> None:
+    """``opforge.reset()``: check calls again, and look the replay table up again."""
+    _CHECKED.clear()
+    _NATIVE[0] = None
 
 
 def _replayed(call, x, w, bias, layout):

@@ -8,6 +8,7 @@ import threading
 
 import torch
 
+from ...process import forgets
 from .compiled import Compiled
 from .loader import BiasActLoader
 
@@ -47,9 +48,12 @@ def for_tensor(t: torch.Tensor):
     return found if found is not None else implementation(t.device)
 
 
+@forgets
 def forget() -> None:
-    """Choose again at the next call (after ``opforge.loader.clear_cache()``, in tests)."""
+    """Choose again at the next call (``opforge.reset()``)."""
     _BY_DEVICE.clear()
+    with _LOCK:
+        _ADAPTED.clear()
 
 
 __all__ = ["adapt", "for_tensor", "forget", "implementation"]

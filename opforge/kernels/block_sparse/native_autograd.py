@@ -20,6 +20,7 @@ import threading
 
 from ...extension import CppExtension
 from ...notices import warn_once
+from ...process import forgets
 from ..native_launch.table import native_namespace
 
 
@@ -72,6 +73,7 @@ def tables(kernel) -> tuple[list, str]:
 
 
 _TABLES: dict = {}
+forgets(_TABLES.clear)
 
 
 __all__ = ["DEVICES", "BlockSparseAutograd", "op", "tables"]

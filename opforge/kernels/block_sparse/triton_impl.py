@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import torch
 
+from ...process import forgets
 from .. import triton_launch
 from ..native_launch import NativeTable
 from ..triton_compat import triton
@@ -364,6 +365,9 @@ def forget_plans() -> None:
         plans.clear()
     for table in (_NATIVE_FWD, _NATIVE_DX, _NATIVE_DW):
         table.forget()
+
+
+forgets(forget_plans)  # opforge.reset()
 
 
 __all__ = ["NATIVE_FORWARD", "NATIVE_INPUT_GRAD", "NATIVE_WEIGHT_GRAD", "forward", "grad_input", "grad_weight",
