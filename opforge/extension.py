@@ -89,7 +89,6 @@ class Extension:
     """Higher is tried first."""
     support_aot: ClassVar[bool] = False
     support_jit: ClassVar[bool] = True
-    description: ClassVar[str] = ""
     devices: ClassVar[tuple[str, ...]] = ()
     """The tensor device types (``torch.device.type``) its ops take; empty: any."""
     aot_package: ClassVar[str] = "opforge._C"

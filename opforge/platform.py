@@ -113,10 +113,6 @@ class Platform:
         return self.machine in ("x86_64", "AMD64", "i686")
 
     @property
-    def is_arm64(self) -> bool:
-        return self.machine in ("aarch64", "arm64")
-
-    @property
     def has_cuda_gpu(self) -> bool:
         return any(g.vendor == "nvidia" for g in self.gpus)
 

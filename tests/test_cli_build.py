@@ -11,6 +11,7 @@ import json
 import re
 import sys
 
+import jsonschema
 import pytest
 
 from opforge import platform, prebuilt, registry, settings
@@ -34,7 +35,14 @@ def built(tmp_path_factory):
         # What the loader accepts here, computed the same way the command does.
         accepted = [c.name for c in SelftestLoader().candidates()
                     if c.decision and c.extension.needs_compiler]
-    return root, json.loads(out.getvalue()), rc, accepted
+    return root, valid(json.loads(out.getvalue())), rc, accepted
+
+
+def valid(data: dict) -> dict:
+    """``data``, validated against the command's schema file (``build_cmd.SCHEMA_FILE``)."""
+    with open(build_cmd.SCHEMA_FILE, encoding="utf-8") as f:
+        jsonschema.validate(data, json.load(f))
+    return data
 
 
 @pytest.fixture
@@ -75,7 +83,7 @@ def test_second_run_finds_them_cached(use_built, capsys):
 
 def test_an_extension_name_selects_it_alone(use_built, capsys):
     assert main(["build", "selftest_scalar", "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
+    data = valid(json.loads(capsys.readouterr().out))
     assert [(r["name"], r["result"]) for r in data["results"]] == [("selftest_scalar", "cached")]
 
 
@@ -112,7 +120,7 @@ def test_one_failure_does_not_stop_the_others(use_built, tmp_path_factory, monke
     monkeypatch.setattr(registry, "loaders", lambda: dict(kinds))
 
     assert main(["build", "--json", "--jobs", "2"]) == 1
-    data = json.loads(capsys.readouterr().out)
+    data = valid(json.loads(capsys.readouterr().out))
     results = {r["name"]: r for r in data["results"]}
     assert not data["ok"] and data["counts"]["failed"] == 1
     broken = results["buildcmd_toy_broken"]
@@ -142,7 +150,7 @@ def test_progress_bar_and_rich_table_on_a_terminal(use_built, capsys):
 
 def test_all_covers_every_kind(use_built, capsys):
     assert main(["build", "--all", "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
+    data = valid(json.loads(capsys.readouterr().out))
     kinds = {r["kind"] for r in data["results"]}
     assert kinds == set(registry.loaders())
     assert data["ok"] and data["counts"]["failed"] == 0

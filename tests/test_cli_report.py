@@ -7,12 +7,13 @@ import io
 import json
 import re
 
+import jsonschema
 from conftest import run_python
 
 from opforge import isa, prebuilt
 from opforge.cli import report_cmd
 from opforge.cli.main import main
-from opforge.platform import Cpu, Platform, ToolInfo
+from opforge.platform import Cpu, Gpu, Platform, ToolInfo
 
 ANSI = re.compile(r"\x1b\[")
 CANDIDATE_KEYS = {"name", "backend", "priority", "available", "available_reason", "compatible", "compatible_reason",
@@ -23,8 +24,12 @@ HASWELL = Platform(cpu=Cpu(microarch="haswell", features=frozenset(isa.AVX2.feat
 
 
 def report_json(capsys, *args) -> dict:
+    """The command's JSON, validated against its schema file (``report_cmd.SCHEMA_FILE``)."""
     assert main(["report", "--json", *args]) == 0
-    return json.loads(capsys.readouterr().out)
+    data = json.loads(capsys.readouterr().out)
+    with open(report_cmd.SCHEMA_FILE, encoding="utf-8") as f:
+        jsonschema.validate(data, json.load(f))
+    return data
 
 
 def test_json_follows_the_documented_schema(cache_dir, capsys):
@@ -105,7 +110,17 @@ def test_hand_built_platform_and_stale_prebuilt_record(cache_dir, tmp_path, caps
                                              "isa": "avx2"}}}
     (tmp_path / "build_info.json").write_text(json.dumps(info))
     pb = prebuilt.read(str(tmp_path))
+    gpu = Platform(cpu=HASWELL.cpu, cxx=GCC, ninja=NINJA, gpus=(Gpu(0, "NVIDIA H100", "nvidia", (9, 0), "sm_90", 80 << 30),),
+                   torch_cuda="13.0")
+    with open(report_cmd.SCHEMA_FILE, encoding="utf-8") as f:
+        schema = json.load(f)
+
+    def as_printed(d):  # tuples become lists, as --json prints them
+        return json.loads(json.dumps(d))
+
+    jsonschema.validate(as_printed(report_cmd.collect(("selftest",), platform=gpu, prebuilt=pb)), schema)
     data = report_cmd.collect(("selftest",), platform=HASWELL, prebuilt=pb)
+    jsonschema.validate(as_printed(data), schema)
     (kind,) = data["kinds"]
     cands = {c["name"]: c for c in kind["candidates"]}
     assert kind["chosen"] == "selftest_avx2"

@@ -156,8 +156,8 @@ def error_excerpt(log: str, max_lines: int = 25) -> str:
 def default_jobs() -> int:
     """Without ``MAX_JOBS``: one compile per CPU this process may run on. Ninja's own default
     (CPUs + 2) lets the longest translation unit, which ninja starts first, share a core with
-    the short ones, and the cold build waits for it: bias_act's CPU variant on 2 cores built
-    in 4.2-5.1 s at ninja's -j4 and 3.2-4.2 s at -j2 (docs/benchmarks.md)."""
+    the short ones, and the cold build waits for it (measured with bias_act's CPU variant:
+    docs/benchmarks.md, issue 5's build section)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # not Linux

@@ -1,9 +1,9 @@
 """An optional precompiled ``torch/extension.h``, shared by every extension (``OPFORGE_PCH=1``).
 
-Measured here (g++ 12 alone, torch 2.13, ``-O2``, ``examples/demo_ext``, 2026-11-22):
-the header costs 45 s and a 790 MB file to precompile once; a source that starts with it
-then compiles in 13.5 s instead of 26 s (docs/benchmarks.md has the figures through opforge). So it pays from the third extension built with the same flags, and it
-is off by default: the first build would be slower than torch's.
+Precompiling the header once costs more than one plain compile of a source that includes it,
+and each later source built with the same flags compiles in about half the time, so it pays
+from the third extension and is off by default: the first build would be slower than torch's
+(the figures: docs/benchmarks.md, "What was tried to make cold builds faster").
 
 How: the PCH is built with the extension's own C++ flags (less ``TORCH_EXTENSION_NAME``,
 which torch's headers don't use), once per (compiler, flags), into

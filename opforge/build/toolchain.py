@@ -215,7 +215,8 @@ def _print_file_name(argv: tuple[str, ...], identity: str, name: str) -> str:
 
 
 #: The linkers ``OPFORGE_LINKER=auto`` tries, fastest first. Linking a kernel against
-#: libtorch_cpu.so is mostly reading its symbol table: GNU ld takes 0.45 s here, gold 0.15 s.
+#: libtorch_cpu.so is mostly reading its symbol table, which these do faster than GNU ld
+#: (docs/benchmarks.md, issue 5's build section).
 FAST_LINKERS = ("mold", "lld", "gold")
 
 

@@ -13,27 +13,14 @@ Each build is ``Extension.build_jit`` with a quiet reporter: the default one wou
 each concurrent build its own live status line on a terminal, drawing over each other
 and over the progress bar.
 
-JSON schema ``opforge.build/1``:
-
-* ``schema`` (str): ``"opforge.build/1"``; ``opforge`` (str): the opforge version.
-* ``cache_dir`` (str): the JIT cache root the builds went into.
-* ``jobs`` (int): builds run at once.
-* ``wall_seconds`` (float): the whole run, from the first build to the last.
-* ``ok`` (bool): no build failed (the exit code is 0).
-* ``counts`` (object): ``built``, ``cached``, ``skipped``, ``failed`` (int).
-* ``results`` (list of objects), by kind, then in the order the loader tries them:
-
-  - ``kind``, ``name``, ``backend`` (str);
-  - ``result`` (str): ``built``, ``cached``, ``skipped`` or ``failed``;
-  - ``seconds`` (float or null): time spent on it; null when skipped;
-  - ``detail`` (str): why it was skipped or failed; empty otherwise;
-  - ``path`` (str or null): the cache entry (built or cached);
-  - ``log`` (str or null): the build log of a failed compile, when there is one.
+JSON: schema ``opforge.build/1``, the JSON Schema file ``build.schema.json`` beside this module
+(``SCHEMA_FILE``), which describes every key; the tests validate the output against it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -51,6 +38,7 @@ from . import user_modules
 from .output import aligned
 
 SCHEMA = "opforge.build/1"
+SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build.schema.json")
 BUILT, CACHED_RESULT, SKIPPED, FAILED = "built", "cached", "skipped", "failed"
 
 

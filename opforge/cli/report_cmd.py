@@ -9,62 +9,14 @@ one the loader would choose. Then the facts those decisions were made from (the
 Output is a set of rich tables when stdout is a terminal, plain aligned text otherwise
 (no ANSI escapes), or JSON with ``--json``.
 
-JSON schema ``opforge.report/1``. Keys are only ever added within a schema version;
-a removed or re-typed key gets a new version.
-
-* ``schema`` (str): ``"opforge.report/1"``.
-* ``opforge`` (str): the opforge version.
-* ``platform`` (object): :meth:`opforge.platform.Platform.to_json`:
-
-  - ``os``, ``machine`` (str): ``platform.system()`` and ``uname -m``;
-  - ``cpu`` (object): ``family``, ``microarch``, ``vendor`` (str), ``features`` (sorted
-    list of str, archspec's names), ``cores`` (int, CPUs this process may use);
-  - ``gpus`` (list of objects): ``index`` (int), ``name``, ``vendor`` (``nvidia``/``amd``),
-    ``capability`` ([major, minor] or null on ROCm), ``arch`` (``sm_90``, ``gfx90a``),
-    ``memory_bytes`` (int);
-  - ``gpu_probe`` (str): how the GPUs were listed (``nvml``, ``torch``), or why not;
-  - ``cxx``, ``nvcc``, ``ninja`` (object or null): ``path`` and ``version`` (the first line
-    of ``--version``; nvcc's release line), null when not found;
-  - ``torch_version``, ``torch_git`` (str); ``torch_cuda``, ``torch_hip`` (str or null);
-    ``cxx11_abi`` (bool); ``python_tag`` (str, e.g. ``cpython-311``); ``triton`` (str or null).
-* ``prebuilt`` (object): the kernels built at ``pip install`` (``opforge/_C/build_info.json``):
-
-  - ``directory`` (str); ``present`` (bool: a valid ``build_info.json`` was found);
-  - ``torch``, ``torch_git``, ``cuda``, ``hip``, ``compiler``, ``machine``, ``python_tag``,
-    ``opforge`` (str or null), ``cxx11_abi`` (bool or null), ``built_at`` (float or null,
-    Unix time): what they were built with, as recorded;
-  - ``extensions`` (list of objects): ``name``, ``file``, ``kind``, ``backend``, ``isa``,
-    ``stable_abi`` (str or null), ``usable`` (bool: ``Prebuilt.check`` accepts it under the
-    running torch) and ``reason`` (str: why, or why not).
-* ``packages`` (list of objects, by name): the prebuilt record of each other package whose
-  kernels the listed kinds hold (``Extension.aot_package``, e.g. ``mypkg._C``, built at its
-  ``pip install`` by ``opforge.aot.setup_extensions``): ``package`` (str) and the keys of
-  ``prebuilt`` above; ``present`` is false when the package was installed without them (or is
-  not importable).
-* ``kinds`` (list of objects, sorted by kind), one per kernel kind:
-
-  - ``kind`` (str); ``loader`` (str, ``module.Class``);
-  - ``chosen`` (str or null): the implementation the loader would load first;
-  - ``by_device`` (object): for a family with device-specific variants (``Extension.devices``),
-    the choice for tensors on each device type here (``cpu``, and ``cuda`` with a GPU);
-    empty otherwise;
-  - ``candidates`` (list of objects, in the order the loader tries them):
-
-    + ``name``, ``backend`` (``cpp``/``cuda``/``triton``/``torch``), ``priority`` (int);
-    + ``available`` (bool), ``available_reason`` (str): ``is_available`` (the hardware);
-    + ``compatible`` (bool), ``compatible_reason`` (str): ``check_compatible`` and the
-      toolchain (can it be had in its state: prebuilt, cached or built here);
-    + ``accepted`` (bool), ``reason`` (str): both together; ``reason`` is the first
-      rejection, or the accepted reasons joined;
-    + ``state`` (str or null): ``prebuilt``, ``cached``, ``needs build`` or ``ready``;
-      null when a check rejected it before its state was looked at;
-    + ``note`` (str): e.g. why a prebuilt binary that is present was passed over;
-    + ``chosen`` (bool).
+JSON: schema ``opforge.report/1``, the JSON Schema file ``report.schema.json`` beside this
+module (``SCHEMA_FILE``), which describes every key; the tests validate the output against it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from .. import __version__, registry
@@ -75,6 +27,7 @@ from . import user_modules
 from .output import aligned
 
 SCHEMA = "opforge.report/1"
+SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report.schema.json")
 
 #: CPU features that decide between kernel variants, in the order they are shown.
 SIMD_FEATURES = (
