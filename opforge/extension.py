@@ -40,7 +40,6 @@ from .decision import Accepted, Decision, Rejected
 from .errors import OpforgeError
 from .loaded import LoadedKernel
 from .notices import KernelFallbackWarning, warn_once  # noqa: F401 (KernelFallbackWarning: re-exported)
-from .process import forgets
 
 BACKENDS = ("cpp", "cuda", "triton", "torch")
 
@@ -70,12 +69,9 @@ class Status:
 _LOADED: dict[str, LoadedKernel] = {}
 _LOADED_LOCK = threading.RLock()
 
-
-@forgets
-def _forget_loaded() -> None:
-    """``Extension.load`` asks its loader's path again (the binary itself stays loaded)."""
-    with _LOADED_LOCK:
-        _LOADED.clear()
+# Not forgotten by opforge.reset(): a loaded kernel stays this extension's kernel. Loading its
+# binary again from another cache directory would register a second library under the same op
+# namespace (a crash inside torch's loader, seen in CI when a test pointed the cache elsewhere).
 
 
 class Extension:

@@ -1,11 +1,11 @@
 """The process's memory of its decisions, forgotten in one call: ``opforge.reset()``.
 
-A module that keeps a decision for the life of the process (the loaders' picks, the loaded
-kernels per extension, the platform's facts and tool probes, bias_act's implementation per
+A module that keeps a decision for the life of the process (the loaders' picks, the
+platform's facts and tool probes, bias_act's implementation per
 device, block-sparse's launch plans and replay tables, tuned configs held in memory) registers
 the function that forgets it with ``@forgets`` as it is imported; ``reset()`` calls them all.
-A module not imported yet has nothing to forget. What ``reset()`` keeps: libraries already
-loaded (a binary can't be unloaded; loading it again finds it, ``build/importer.py``), the
+A module not imported yet has nothing to forget. What ``reset()`` keeps: each extension's loaded
+kernel (a binary can't be unloaded, and a second copy of it would register its ops twice), the
 entry-point plugins imported, and everything on disk (the cache, tuned configs).
 
 A leaf: every layer can register.

@@ -69,7 +69,7 @@ def test_warm_path_keeps_its_stat_fast_path(cache_dir, make_pymod, tmp_path):
     archive.import_(str(out), str(node))
     (entry,) = _entries(node, "arch_mtime")
     m = cache.read_manifest(str(node / "arch_mtime" / entry))
-    assert os.stat(node / "arch_mtime" / entry / m["binary"]).st_mtime_ns == m["binary_mtime_ns"]
+    assert os.stat(node / "arch_mtime" / entry / m.binary).st_mtime_ns == m.binary_mtime_ns
 
 
 def _facts(**torch_changes) -> archive.Here:

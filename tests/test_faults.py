@@ -262,7 +262,7 @@ def test_corrupt_binary_is_detected_and_rebuilt(cache_dir, make_pymod):
         assert "corrupt" in err, (how, err)
         assert result["file"] == binary  # the same entry, re-published
         m = cache.read_manifest(entry)
-        assert m is not None and sha256_file(binary) == m["binary_sha256"], how
+        assert m is not None and sha256_file(binary) == m.binary_sha256, how
         assert cache.binary_state(Entry(entry, m), full_hash=True) == "ok"
         assert _entries(cache_dir / name) == [os.path.basename(entry)]
 
@@ -285,7 +285,7 @@ def test_cache_verify_finds_corruption_with_size_and_mtime_kept(cache_dir, make_
     assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
     m = cache.read_manifest(entry)
     assert cache.binary_state(Entry(entry, m)) == "ok"  # a stat check cannot see it
-    assert sha256_file(binary) != m["binary_sha256"]
+    assert sha256_file(binary) != m.binary_sha256
 
     assert cli_main(["cache", "verify"]) == 1
     out = capsys.readouterr().out

@@ -36,6 +36,7 @@ from ..errors import ArchiveError, CacheError
 from . import cache, inventory
 from . import deps as deps_mod
 from .key import check_name, sha256_file, version_tuple
+from .manifest import Manifest
 
 INDEX = "opforge-cache.json"
 FORMAT = 1
@@ -76,19 +77,19 @@ class Outcome:
         return asdict(self)
 
 
-def fits(manifest: dict, here: Here) -> Decision:
-    """Would this entry's binary be looked up and run on a machine with these facts? Pure.
+def fits(inputs: dict, here: Here) -> Decision:
+    """Would a binary built from these inputs (its manifest's ``inputs``) be looked up and run on
+    a machine with these facts? Pure.
 
     >>> t = dict(version="2.13.0+cpu", git_version="g", cuda=None, hip=None, cxx11_abi=True, root="/t",
     ...          python_tag="cpython-311", ext_suffix=".so", machine="x86_64")
     >>> here = Here(t, "cpu", "none", "")
-    >>> m = {"inputs": {"torch": t, "cpu_identity": "", "cuda_archs": "", "stable_abi": "", "env": []}}
-    >>> bool(fits(m, here))
+    >>> inputs = {"torch": t, "cpu_identity": "", "cuda_archs": "", "stable_abi": "", "env": []}
+    >>> bool(fits(inputs, here))
     True
-    >>> print(fits({"inputs": dict(m["inputs"], torch=dict(t, version="2.12.0+cpu"))}, here).reason)
+    >>> print(fits(dict(inputs, torch=dict(t, version="2.12.0+cpu")), here).reason)
     built for torch version 2.12.0+cpu; this machine has 2.13.0+cpu
     """
-    inputs = manifest.get("inputs")
     if not isinstance(inputs, dict) or not isinstance(inputs.get("torch"), dict):
         return Rejected("its manifest does not record what it was built for (an older opforge?)")
     theirs, ours = inputs["torch"], here.torch
@@ -111,12 +112,12 @@ def fits(manifest: dict, here: Here) -> Decision:
     return Accepted()
 
 
-def verdict(manifest: dict, here: Here) -> Decision:
+def verdict(manifest: Manifest, here: Here) -> Decision:
     """:func:`fits`, then the sources and headers it was built from must be here, unchanged."""
-    d = fits(manifest, here)
+    d = fits(manifest.inputs, here)
     if not d:
         return d
-    changed = deps_mod.check(deps_mod.DepRecord(**r) for r in manifest["deps"])
+    changed = deps_mod.check(manifest.deps)
     if changed:
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
         return Rejected(f"its source or header {changed[0]}{more} is missing or different here, so it would be stale")
@@ -160,7 +161,7 @@ def export(path: str, names: list[str] | None = None, root: str | None = None,
             outcomes.append(Outcome(row.name, entry_name, "skipped", why.reason))
             continue
         files = {}
-        for fname in (m["binary"], cache.MANIFEST, cache.BUILD_LOG):
+        for fname in (m.binary, cache.MANIFEST, cache.BUILD_LOG):
             fpath = os.path.join(row.path, fname)
             if os.path.isfile(fpath):
                 files[fname] = (fpath, os.path.getsize(fpath), sha256_file(fpath))
@@ -168,7 +169,7 @@ def export(path: str, names: list[str] | None = None, root: str | None = None,
         outcomes.append(Outcome(row.name, entry_name, "exported"))
     index = {
         "format": FORMAT, "created_at": time.time(), "host": socket.gethostname(), "torch": here.torch,
-        "entries": [{"name": n, "entry": e, "binary": m["binary"], "kind": m.get("kind", ""),
+        "entries": [{"name": n, "entry": e, "binary": m.binary, "kind": m.kind,
                      "files": {f: {"size": size, "sha256": h} for f, (_, size, h) in files.items()}}
                     for n, e, m, files in chosen],
     }
@@ -248,12 +249,12 @@ def _read_member(tar: tarfile.TarFile, arcname: str, size: int, sha256: str) -> 
     return data
 
 
-def _install(root: str, name: str, entry: str, contents: dict[str, bytes], manifest: dict) -> str:
+def _install(root: str, name: str, entry: str, contents: dict[str, bytes], manifest: Manifest) -> str:
     """Publish one verified entry with the cache's own ``publish`` (temp dir, fsync, rename).
     'imported', or 'present' when a valid entry is there already (or another process won the race)."""
     layout = cache.Layout(root)
     name_dir = layout.name_dir(name)
-    final = layout.entry_dir(name, manifest["key"], manifest.get("headers_digest", ""))
+    final = layout.entry_dir(name, manifest.key, manifest.headers_digest)
     if os.path.basename(final) != entry:
         raise ArchiveError(f"{name}/{entry}: its manifest's key names another entry ({os.path.basename(final)})")
     if cache.read_manifest(final) is not None:
@@ -262,11 +263,11 @@ def _install(root: str, name: str, entry: str, contents: dict[str, bytes], manif
     cache.ensure_dir(name_dir, root)
     cache.check_safe(name_dir)
     with tempfile.NamedTemporaryFile(prefix=".tmp-import-", dir=name_dir) as staged:
-        staged.write(contents[manifest["binary"]])
+        staged.write(contents[manifest.binary])
         staged.flush()
         try:
-            cache.publish(layout, name, manifest["key"], manifest.get("headers_digest", ""), staged.name,
-                          manifest["binary"], manifest, contents.get(cache.BUILD_LOG, b"").decode(errors="replace"))
+            cache.publish(layout, name, manifest.key, manifest.headers_digest, staged.name, manifest.binary, manifest,
+                          contents.get(cache.BUILD_LOG, b"").decode(errors="replace"))
         except CacheError:
             if cache.read_manifest(final) is None:
                 raise
@@ -290,10 +291,10 @@ def import_(path: str, root: str | None = None, here: Here | None = None, dry_ru
             try:
                 contents = {f: _read_member(tar, _member(name, entry, f), meta["size"], meta["sha256"])
                             for f, meta in files.items()}
-                manifest = json.loads(contents[cache.MANIFEST])
-                if not cache.valid_manifest(manifest, name) or manifest["binary"] != binary:
+                manifest = Manifest.from_json(json.loads(contents[cache.MANIFEST]), name)
+                if manifest is None or manifest.binary != binary:
                     raise ArchiveError(f"{name}/{entry}: its manifest is invalid or names another binary")
-                if manifest["binary_sha256"] != files[binary]["sha256"]:
+                if manifest.binary_sha256 != files[binary]["sha256"]:
                     raise ArchiveError(f"{name}/{entry}: the binary's sha256 differs from its manifest's")
             except (ArchiveError, ValueError, tarfile.TarError, OSError) as exc:
                 outcomes.append(Outcome(name, entry, "corrupt", str(exc)))

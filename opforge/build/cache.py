@@ -26,12 +26,14 @@ import uuid
 from dataclasses import dataclass, field
 
 from ..errors import CacheError, UnsafeCacheError
+from ..files import atomic_write
+from . import manifest as manifest_mod
 from .deps import DepRecord
 from .key import sha256_file
+from .manifest import Manifest
 
-MANIFEST = "manifest.json"
+MANIFEST = manifest_mod.FILE
 BUILD_LOG = "build.log"
-MANIFEST_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -64,15 +66,15 @@ class Layout:
 @dataclass
 class Entry:
     path: str
-    manifest: dict = field(repr=False)
+    manifest: Manifest = field(repr=False)
 
     @property
     def binary(self) -> str:
-        return os.path.join(self.path, self.manifest["binary"])
+        return os.path.join(self.path, self.manifest.binary)
 
     @property
-    def deps(self) -> list[DepRecord]:
-        return [DepRecord(**d) for d in self.manifest["deps"]]
+    def deps(self) -> tuple[DepRecord, ...]:
+        return self.manifest.deps
 
 
 def cache_hint(root: str) -> str:
@@ -116,34 +118,14 @@ def check_safe(path: str) -> os.stat_result:
     return st
 
 
-def read_manifest(entry_dir: str) -> dict | None:
-    """The entry's manifest, or None when it is missing, truncated or not ours."""
+def read_manifest(entry_dir: str) -> Manifest | None:
+    """The entry's manifest, or None when it is missing, truncated or not ours (``Manifest.from_json``)."""
     try:
         with open(os.path.join(entry_dir, MANIFEST), encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError):
         return None
-    return data if valid_manifest(data, os.path.basename(os.path.dirname(os.path.abspath(entry_dir)))) else None
-
-
-_NEEDED = ("format", "key", "binary", "binary_sha256", "binary_size", "binary_mtime_ns", "deps")
-
-
-def valid_manifest(data: object, name: str) -> bool:
-    """A manifest of ours, for extension ``name``, whose binary is a plain file of the entry
-    (``<name>.so``, or ``<name>`` for an executable): a tampered manifest can't point a load
-    outside its entry.
-
-    >>> m = dict.fromkeys(_NEEDED, 0) | {"format": MANIFEST_FORMAT, "binary": "ext.so", "binary_sha256": "", "deps": []}
-    >>> valid_manifest(m, "ext"), valid_manifest(m | {"binary": "../../evil.so"}, "ext")
-    (True, False)
-    """
-    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or any(k not in data for k in _NEEDED):
-        return False
-    if data.get("name", name) != name or data["binary"] not in (f"{name}.so", name):
-        return False
-    return isinstance(data["deps"], list) and isinstance(data["binary_size"], int) and \
-        isinstance(data["binary_mtime_ns"], int) and isinstance(data["binary_sha256"], str)
+    return Manifest.from_json(data, os.path.basename(os.path.dirname(os.path.abspath(entry_dir))))
 
 
 def binary_state(entry: Entry, full_hash: bool = False) -> str:
@@ -154,11 +136,11 @@ def binary_state(entry: Entry, full_hash: bool = False) -> str:
         st = check_safe(entry.binary)
     except (FileNotFoundError, NotADirectoryError):
         return "missing"
-    if st.st_size != m["binary_size"]:
+    if st.st_size != m.binary_size:
         return "corrupt"
-    if not full_hash and st.st_mtime_ns == m["binary_mtime_ns"]:
+    if not full_hash and st.st_mtime_ns == m.binary_mtime_ns:
         return "ok"
-    return "ok" if sha256_file(entry.binary) == m["binary_sha256"] else "corrupt"
+    return "ok" if sha256_file(entry.binary) == m.binary_sha256 else "corrupt"
 
 
 def _fsync_file(path: str) -> None:
@@ -169,7 +151,6 @@ def _fsync_file(path: str) -> None:
         os.close(fd)
 
 
-
 def publish(
     layout: Layout,
     name: str,
@@ -177,10 +158,11 @@ def publish(
     headers_digest: str,
     binary_src: str,
     binary_name: str,
-    manifest: dict,
+    manifest: Manifest,
     log_text: str,
 ) -> Entry:
-    """Copy a built binary into a new entry and rename it into place atomically."""
+    """Copy a built binary into a new entry and rename it into place atomically; the entry's
+    manifest is ``manifest`` with the binary's name, sha256, size and mtime as copied."""
     name_dir = layout.name_dir(name)
     final = layout.entry_dir(name, input_key, headers_digest)
     try:
@@ -191,24 +173,13 @@ def publish(
         os.chmod(tmp, 0o700)
         dst = os.path.join(tmp, binary_name)
         shutil.copyfile(binary_src, dst)
-        os.chmod(dst, 0o755 if manifest.get("kind") == "executable" else 0o644)
+        os.chmod(dst, 0o755 if manifest.kind == "executable" else 0o644)
         _fsync_file(dst)
         st = os.stat(dst)
-        manifest = dict(
-            manifest,
-            format=MANIFEST_FORMAT,
-            binary=binary_name,
-            binary_sha256=sha256_file(dst),
-            binary_size=st.st_size,
-            binary_mtime_ns=st.st_mtime_ns,
-        )
+        manifest = manifest.with_binary(binary_name, sha256_file(dst), st.st_size, st.st_mtime_ns)
         with open(os.path.join(tmp, BUILD_LOG), "w", encoding="utf-8") as f:
             f.write(log_text)
-        mpath = os.path.join(tmp, MANIFEST)
-        with open(mpath, "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
+        atomic_write(os.path.join(tmp, MANIFEST), json.dumps(manifest.to_json(), indent=1, sort_keys=True))
         if os.path.lexists(final):
             discard(final)  # a corrupt or unreadable entry under the same name
         os.rename(tmp, final)

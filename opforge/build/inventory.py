@@ -84,8 +84,7 @@ def entries(root: str, name: str | None = None) -> list[Row]:
             if m is None:
                 rows.append(Row(ext, key, path, _dir_size(path), os.lstat(path).st_mtime, "?", "?", "bad manifest"))
                 continue
-            rows.append(Row(ext, key, path, _dir_size(path), m.get("built_at", 0.0), m.get("torch", "?"),
-                            m.get("kind", "?")))
+            rows.append(Row(ext, key, path, _dir_size(path), m.built_at, m.torch or "?", m.kind or "?"))
     return sorted(rows, key=lambda r: r.built_at)
 
 

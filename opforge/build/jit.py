@@ -24,6 +24,7 @@ from . import cache, failures, importer, ranks, toolchain
 from . import deps as deps_mod
 from .cache import Entry, Layout
 from .key import BuildSpec, is_cuda_file, make_spec
+from .manifest import Manifest
 from .progress import Reporter
 
 # The cold path's modules (ninja, filelock, torch's cpp_extension) are imported when a
@@ -121,7 +122,7 @@ def find_entry(layout: Layout, spec: BuildSpec, reporter: Reporter, corrupt: lis
             if corrupt is not None:
                 corrupt.append(path)
             continue
-        if not spec.toolchain_missing and manifest["key"] != spec.input_key:
+        if not spec.toolchain_missing and manifest.key != spec.input_key:
             continue
         entry = Entry(path, manifest)
         # The sources' bytes are in the key already: only the headers need a look.
@@ -155,8 +156,8 @@ def _portable_candidates(layout: Layout, spec: BuildSpec) -> list[str]:
     found = []
     for n in names:
         m = cache.read_manifest(os.path.join(name_dir, n))
-        if m is not None and m.get("portable_key") == wanted:
-            found.append((m.get("built_at", 0), os.path.join(name_dir, n)))
+        if m is not None and m.portable_key == wanted:
+            found.append((m.built_at, os.path.join(name_dir, n)))
     return [p for _, p in sorted(found, reverse=True)]
 
 
@@ -297,25 +298,25 @@ def _compile_and_publish(layout: Layout, spec: BuildSpec, s: settings_mod.Settin
         if rec.sha256 != digest:
             raise BuildError(f"{rec.path} changed while {spec.name} was building; nothing was cached. Load again.")
     headers = deps_mod.headers_digest(records, spec.sources)
-    manifest = {
-        "name": spec.name,
-        "kind": spec.kind,
-        "key": spec.input_key,
-        "portable_key": spec.portable_key,
-        "config_key": spec.config_key,
-        "headers_digest": headers,
-        "deps": [r.to_json() for r in records],
-        "inputs": spec.describe(),
-        "flags": {"cflags": flags.cflags, "cuda_cflags": flags.cuda_cflags, "ldflags": flags.ldflags},
-        "compiler": toolchain.probe_version(cxx.argv),
-        "nvcc": toolchain.probe_version(nvcc.argv) if nvcc else None,
-        "ccache": ccache,
-        "torch": spec.torch.version,
-        "cuda": spec.torch.cuda,
-        "built_at": time.time(),
-        "build_seconds": round(took, 3),
-        "host": socket.gethostname(),
-    }
+    manifest = Manifest(
+        name=spec.name,
+        kind=spec.kind,
+        key=spec.input_key,
+        portable_key=spec.portable_key,
+        config_key=spec.config_key,
+        headers_digest=headers,
+        deps=tuple(records),
+        inputs=spec.describe(),
+        flags={"cflags": flags.cflags, "cuda_cflags": flags.cuda_cflags, "ldflags": flags.ldflags},
+        compiler=toolchain.probe_version(cxx.argv),
+        nvcc=toolchain.probe_version(nvcc.argv) if nvcc else None,
+        ccache=ccache,
+        torch=spec.torch.version,
+        cuda=spec.torch.cuda,
+        built_at=time.time(),
+        build_seconds=round(took, 3),
+        host=socket.gethostname(),
+    )
     entry = cache.publish(layout, spec.name, spec.input_key, headers, result.binary, spec.binary_name, manifest,
                           result.log)
     reporter.info(f"cached {spec.name} at {entry.path}")

@@ -26,7 +26,7 @@ from opforge.build.key import sha256_file
 name, src, expect = sys.argv[1], sys.argv[2], int(sys.argv[3])
 mod = opforge.load(name, [src])
 m = cache.read_manifest(os.path.dirname(mod.__file__))
-whole = m is not None and sha256_file(mod.__file__) == m["binary_sha256"] and mod.value() == expect
+whole = m is not None and sha256_file(mod.__file__) == m.binary_sha256 and mod.value() == expect
 print(json.dumps({"value": mod.value(), "torn": not whole, "file": mod.__file__}))
 """
 
