@@ -159,7 +159,7 @@ def setuptools_extension(ext):
 
     from .build import flags as flags_mod
     from .build import toolchain
-    from .build.key import stable_abi_macro
+    from .compat import stable_abi_macro
 
     root = os.getcwd()
     abi = [stable_abi_macro(ext.stable_abi)] if ext.stable_abi else []
@@ -182,7 +182,6 @@ def setuptools_extension(ext):
 
 def build_ext_class(extensions: dict):
     """torch's BuildExtension, timing each kernel and writing ``build_info.json`` at the end."""
-    import torch
     from torch.utils.cpp_extension import BuildExtension
 
     class OpforgeBuildExt(BuildExtension):
@@ -214,13 +213,13 @@ def build_ext_class(extensions: dict):
                 }
             if out_dir is None:
                 return
-            write_build_info(out_dir, records, torch)
+            write_build_info(out_dir, records)
 
     return OpforgeBuildExt
 
 
-def write_build_info(out_dir: str, records: dict, torch) -> None:
-    from . import __version__, prebuilt
+def write_build_info(out_dir: str, records: dict) -> None:
+    from . import __version__, compat, prebuilt
     from .build import toolchain
 
     cxx = toolchain.find_cxx(settings_mod.current())
@@ -229,13 +228,7 @@ def write_build_info(out_dir: str, records: dict, torch) -> None:
         "opforge": __version__,
         "built_at": time.time(),
         "compiler": toolchain.probe_version(cxx.argv) if cxx else None,
-        "torch": str(torch.__version__),
-        "torch_git": str(getattr(torch.version, "git_version", "")),
-        "cuda": torch.version.cuda,
-        "hip": getattr(torch.version, "hip", None),
-        "cxx11_abi": bool(torch.compiled_with_cxx11_abi()),
-        "python_tag": toolchain.torch_facts().python_tag,
-        "machine": os.uname().machine,
+        **prebuilt.info_of(compat.torch_facts()),
         "extensions": records,
     }
     path = os.path.join(out_dir, prebuilt.INFO_FILE)

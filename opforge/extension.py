@@ -34,6 +34,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from . import compat
 from . import isa as isa_mod
 from . import settings as settings_mod
 from .decision import Accepted, Decision, Rejected
@@ -225,11 +226,8 @@ class CompiledExtension(Extension):
         return [*self.ldflags] + (["-fopenmp"] if self.openmp else [])
 
     def check_compatible(self, platform) -> Decision:
-        from .build.key import version_tuple
-
-        if self.stable_abi and platform.torch_minor < version_tuple(self.stable_abi):
-            return Rejected(f"built on the LibTorch stable ABI of torch {self.stable_abi}; "
-                            f"torch {platform.torch_version} is older: upgrade torch")
+        if self.stable_abi:
+            return compat.stable_abi(self.stable_abi, platform.torch_version)
         return Accepted()
 
     def spec(self, settings: settings_mod.Settings):
@@ -361,12 +359,10 @@ class CudaExtension(CompiledExtension):
     def check_compatible(self, platform) -> Decision:
         if platform.torch_cuda is None:
             return Rejected(f"torch {platform.torch_version} is built without CUDA: install a CUDA build of torch")
-        if platform.nvcc is not None and platform.nvcc.version_tuple:
-            nvcc_major = platform.nvcc.version_tuple[0]
-            torch_major = int(platform.torch_cuda.split(".")[0])
-            if nvcc_major != torch_major:
-                return Rejected(f"nvcc is CUDA {'.'.join(map(str, platform.nvcc.version_tuple[:2]))} but torch was "
-                                f"built with CUDA {platform.torch_cuda}: point CUDA_HOME at a CUDA {torch_major}.x toolkit")
+        if platform.nvcc is not None:
+            verdict = compat.cuda_major(platform.nvcc.version_tuple, platform.torch_cuda, platform.nvcc.path)
+            if not verdict:
+                return verdict
         return super().check_compatible(platform)
 
 

@@ -2,8 +2,8 @@
 
 Everything that decides which kernel can run here goes into it: the OS and CPU (its
 microarchitecture and feature flags, from ``archspec``), the GPUs and their compute
-capabilities, the compilers and ninja with their versions, and torch's build (version,
-CUDA/HIP, C++ ABI, Python).
+capabilities, the compilers and ninja with their versions, and torch's build (a
+:class:`~opforge.compat.TorchFacts`: version, CUDA/HIP, C++ ABI, Python).
 
 ``current()`` detects it once per process. Selection (``loader.select``) takes a Platform
 as an argument and nothing else from the machine, so tests build Platforms by hand for
@@ -27,11 +27,12 @@ import functools
 import hashlib
 import os
 import platform as _stdlib_platform
-import re
 import threading
 from dataclasses import asdict, dataclass, field
 
+from . import compat
 from . import settings as settings_mod
+from .compat import TorchFacts, version_numbers
 from .errors import ToolchainError
 from .files import atomic_write
 from .process import forgets
@@ -84,8 +85,7 @@ class ToolInfo:
         >>> ToolInfo("/cuda/bin/nvcc", "Build cuda_13.0.r13.0/compiler.36260728_0").version_tuple
         (13, 0)
         """
-        m = re.search(r"(?<![\w.])(\d+)\.(\d+)(?:\.(\d+))?", self.version.replace("_", " "))
-        return tuple(int(g) for g in m.groups() if g is not None) if m else ()
+        return version_numbers(self.version)
 
 
 @dataclass(frozen=True)
@@ -99,12 +99,8 @@ class Platform:
     cxx: ToolInfo | None = None
     nvcc: ToolInfo | None = None
     ninja: ToolInfo | None = None
-    torch_version: str = "2.13.0"
-    torch_git: str = ""
-    torch_cuda: str | None = None
-    torch_hip: str | None = None
-    cxx11_abi: bool = True
-    python_tag: str = "cpython-311"
+    torch: TorchFacts = field(default_factory=TorchFacts)
+    """The running torch's build: ``Platform(torch=TorchFacts("2.9.1", cuda="12.8"))`` in a test."""
     triton: str | None = None
     """The installed triton's version (not imported), or None."""
 
@@ -121,14 +117,32 @@ class Platform:
         return tuple(g.capability for g in self.gpus if g.capability is not None)
 
     @property
-    def torch_minor(self) -> tuple[int, int]:
-        from .build.key import version_tuple
+    def torch_version(self) -> str:
+        return self.torch.version
 
-        return version_tuple(self.torch_version)
+    @property
+    def torch_minor(self) -> tuple[int, int]:
+        """``(2, 13)`` for torch 2.13.0+cpu."""
+        return compat.version_tuple(self.torch.version)
+
+    @property
+    def torch_git(self) -> str:
+        return self.torch.git_version
+
+    @property
+    def torch_cuda(self) -> str | None:
+        return self.torch.cuda
+
+    @property
+    def torch_hip(self) -> str | None:
+        return self.torch.hip
 
     def to_json(self) -> dict:
         data = asdict(self)
         data["cpu"]["features"] = sorted(self.cpu.features)
+        t = data.pop("torch")  # the report's flat keys (cli/report.schema.json), as before TorchFacts was embedded
+        data.update(torch_version=t["version"], torch_git=t["git_version"], torch_cuda=t["cuda"], torch_hip=t["hip"],
+                    cxx11_abi=t["cxx11_abi"], python_tag=t["python_tag"])
         return data
 
 
@@ -158,7 +172,7 @@ def current(settings: settings_mod.Settings | None = None, init_cuda: bool = Fal
 def detect(s: settings_mod.Settings, init_cuda: bool = False) -> Platform:
     from .build import toolchain
 
-    torch = toolchain.torch_facts()
+    torch = compat.torch_facts()
     gpus, probe = _gpus(s, init_cuda, torch.cuda, torch.hip)
     cxx = toolchain.find_cxx(s)
     nvcc = toolchain.find_nvcc(s)
@@ -175,13 +189,8 @@ def detect(s: settings_mod.Settings, init_cuda: bool = False) -> Platform:
         cxx=_tool_info(cxx.argv, cxx.identity, s) if cxx else None,
         nvcc=_tool_info(nvcc.argv, nvcc.identity, s) if nvcc else None,
         ninja=_tool_info((ninja,), _identity(ninja), s) if ninja else None,
-        torch_version=torch.version,
-        torch_git=torch.git_version,
+        torch=torch,
         triton=_triton_version(),
-        torch_cuda=torch.cuda,
-        torch_hip=torch.hip,
-        cxx11_abi=torch.cxx11_abi,
-        python_tag=torch.python_tag,
     )
 
 

@@ -8,6 +8,8 @@ binary may be loaded here:
 * any other binary needs the very torch build it was compiled against (version and git
   hash), the same CUDA/HIP and the same C++ ABI.
 
+Both rules are ``opforge/compat.py``'s (``same_torch``); this module reads the record.
+
 Schema of ``build_info.json`` (``format`` 1)::
 
     {"format": 1, "opforge": "0.1.0", "built_at": 1763780000.0, "compiler": "g++ (...) 12.2.0",
@@ -24,7 +26,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from .decision import Accepted, Decision, Rejected
+from . import compat
+from .decision import Decision, Rejected
 
 FORMAT = 1
 PACKAGE = "opforge._C"
@@ -66,44 +69,44 @@ class Prebuilt:
     def check(self, name: str, platform) -> Decision:
         """May the prebuilt ``name`` be loaded under this platform's torch? Pure.
 
+        >>> from opforge.compat import TorchFacts
         >>> from opforge.platform import Platform
         >>> pb = Prebuilt("/x", {"torch": "2.12.0+cpu", "torch_git": "g", "cuda": None, "hip": None,
         ...   "cxx11_abi": True, "machine": "x86_64", "extensions": {"a": {"file": "a.so"},
         ...   "s": {"file": "s.so", "stable_abi": "2.10"}}})
-        >>> pb.check("a", Platform(torch_version="2.13.0+cpu"))
-        Rejected(reason='prebuilt for torch 2.12.0+cpu, but torch 2.13.0+cpu is running', ok=False)
-        >>> bool(pb.check("s", Platform(torch_version="2.13.0+cpu")))
+        >>> pb.check("a", Platform(torch=TorchFacts("2.13.0+cpu")))
+        Rejected(reason='prebuilt for torch 2.12.0+cpu, but here torch is 2.13.0+cpu', ok=False)
+        >>> bool(pb.check("s", Platform(torch=TorchFacts("2.13.0+cpu"))))
         True
-        >>> pb.check("s", Platform(torch_version="2.9.1"))
-        Rejected(reason='prebuilt on the stable ABI of torch 2.10, but torch 2.9.1 is running', ok=False)
-        """
-        from .build.key import version_tuple
+        >>> pb.check("s", Platform(torch=TorchFacts("2.9.1"))).reason
+        'targets the LibTorch stable ABI of torch 2.10, but torch 2.9.1 is installed: upgrade torch to >= 2.10'
 
+        """
         e = self.entry(name)
         if e is None:
             return Rejected("no prebuilt binary (install with OPFORGE_BUILD=... to have one)")
-        info = self.info
-        if info.get("machine") and info["machine"] != platform.machine:
-            return Rejected(f"prebuilt for {info['machine']}, but this machine is {platform.machine}")
-        if (info.get("cuda") or None) != (platform.torch_cuda or None) and e.get("backend") == "cuda":
-            return Rejected(f"prebuilt for CUDA {info.get('cuda')}, but torch has CUDA {platform.torch_cuda}")
-        if e.get("stable_abi"):
-            if version_tuple(platform.torch_version) < version_tuple(e["stable_abi"]):
-                return Rejected(f"prebuilt on the stable ABI of torch {e['stable_abi']}, "
-                                f"but torch {platform.torch_version} is running")
-            return Accepted(f"stable ABI {e['stable_abi']}, torch {platform.torch_version}")
-        if info.get("torch") != platform.torch_version:
-            return Rejected(f"prebuilt for torch {info.get('torch')}, but torch {platform.torch_version} is running")
-        if info.get("torch_git") and platform.torch_git and info["torch_git"] != platform.torch_git:
-            return Rejected(f"prebuilt for another build of torch {platform.torch_version} "
-                            f"(git {info['torch_git'][:12]}, running {platform.torch_git[:12]})")
-        if (info.get("cuda") or None) != (platform.torch_cuda or None) or \
-                (info.get("hip") or None) != (platform.torch_hip or None):
-            return Rejected(f"prebuilt for CUDA {info.get('cuda')} / HIP {info.get('hip')}, but torch has "
-                            f"CUDA {platform.torch_cuda} / HIP {platform.torch_hip}")
-        if bool(info.get("cxx11_abi", True)) != bool(platform.cxx11_abi):
-            return Rejected("prebuilt with another C++ ABI (_GLIBCXX_USE_CXX11_ABI) than torch's")
-        return Accepted(f"torch {platform.torch_version}")
+        built = facts_of(self.info)
+        if built is None:
+            return Rejected(f"{INFO_FILE} does not record the torch it was built against: reinstall opforge")
+        verdict = compat.same_torch(built, platform.torch, e.get("stable_abi") or "", e.get("backend") == "cuda")
+        if not verdict:
+            return Rejected(verdict.reason.replace("built for", "prebuilt for", 1))
+        return verdict
+
+
+#: ``build_info.json``'s keys for the fields of :class:`~opforge.compat.TorchFacts` it records.
+_INFO_KEYS = {"version": "torch", "git_version": "torch_git", "cuda": "cuda", "hip": "hip", "cxx11_abi": "cxx11_abi",
+              "python_tag": "python_tag", "machine": "machine"}
+
+
+def info_of(facts: compat.TorchFacts) -> dict:
+    """The torch facts a ``build_info.json`` records (format 1's flat keys)."""
+    return {key: getattr(facts, name) for name, key in _INFO_KEYS.items()}
+
+
+def facts_of(info: dict) -> compat.TorchFacts | None:
+    """The torch facts a ``build_info.json`` recorded (:func:`info_of`'s inverse); None if it has none."""
+    return compat.TorchFacts.from_json({name: info[key] for name, key in _INFO_KEYS.items() if key in info})
 
 
 def read(directory: str | None = None) -> Prebuilt:

@@ -13,6 +13,7 @@ import pytest
 from conftest import pymod_source
 
 import opforge
+from opforge import compat
 from opforge import settings as settings_mod
 from opforge.build import toolchain
 
@@ -162,8 +163,8 @@ def test_nvcc_of_another_cuda_major_than_torch_is_refused(cache_dir, tmp_path, m
     minor a notice. torch here is a CPU build: its facts are made to say CUDA 12.8."""
     import dataclasses
 
-    facts = dataclasses.replace(toolchain.torch_facts(), cuda="12.8", hip=None)
-    monkeypatch.setattr(toolchain, "torch_facts", lambda: facts)
+    facts = dataclasses.replace(compat.torch_facts(), cuda="12.8", hip=None)
+    monkeypatch.setattr(compat, "torch_facts", lambda: facts)
     monkeypatch.setenv("PYTORCH_NVCC", _fake_nvcc(tmp_path, release))
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
     kernel = tmp_path / "kern.cu"

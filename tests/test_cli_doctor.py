@@ -13,6 +13,7 @@ from opforge import prebuilt, settings
 from opforge.cli import doctor_cmd
 from opforge.cli.doctor_cmd import FAIL, OK, WARN
 from opforge.cli.main import main
+from opforge.compat import TorchFacts
 from opforge.extension import NEEDS_BUILD, CppExtension, Status
 from opforge.platform import Gpu, Platform, ToolInfo
 
@@ -51,12 +52,12 @@ def test_ninja_missing_fails():
 
 
 def test_cuda_checks_do_not_apply_to_a_cpu_torch():
-    (c,) = doctor_cmd.check_cuda(Platform(torch_cuda=None, nvcc=None), env())
+    (c,) = doctor_cmd.check_cuda(Platform(torch=TorchFacts(cuda=None), nvcc=None), env())
     assert c.status == OK and "without CUDA" in c.detail
 
 
 def test_nvcc_and_torch_cuda_major_mismatch_fails():
-    p = Platform(torch_cuda="12.4", nvcc=ToolInfo("/x/nvcc", "Build cuda_13.0.r13.0/compiler.1_0"))
+    p = Platform(torch=TorchFacts(cuda="12.4"), nvcc=ToolInfo("/x/nvcc", "Build cuda_13.0.r13.0/compiler.1_0"))
     (c,) = doctor_cmd.check_cuda(p, env())
     assert c.status == FAIL
     assert "CUDA 13.0" in c.detail and "12.4" in c.detail and "/x/nvcc" in c.detail
@@ -64,15 +65,15 @@ def test_nvcc_and_torch_cuda_major_mismatch_fails():
 
 
 def test_nvcc_matching_torch_is_ok():
-    p = Platform(torch_cuda="12.4", nvcc=ToolInfo("/x/nvcc", "Build cuda_12.6.r12.6/compiler.1_0"))
+    p = Platform(torch=TorchFacts(cuda="12.4"), nvcc=ToolInfo("/x/nvcc", "Build cuda_12.6.r12.6/compiler.1_0"))
     (c,) = doctor_cmd.check_cuda(p, env())
     assert c.status == OK and "12.6" in c.detail
 
 
 def test_missing_nvcc_fails_only_when_a_gpu_is_visible():
-    (c,) = doctor_cmd.check_cuda(Platform(torch_cuda="12.4", nvcc=None, gpus=(H100,)), env(CUDA_HOME="/opt/cuda"))
+    (c,) = doctor_cmd.check_cuda(Platform(torch=TorchFacts(cuda="12.4"), nvcc=None, gpus=(H100,)), env(CUDA_HOME="/opt/cuda"))
     assert c.status == FAIL and "CUDA_HOME=/opt/cuda" in c.detail and "CUDA_HOME" in c.fix
-    (c,) = doctor_cmd.check_cuda(Platform(torch_cuda="12.4", nvcc=None), env())
+    (c,) = doctor_cmd.check_cuda(Platform(torch=TorchFacts(cuda="12.4"), nvcc=None), env())
     assert c.status == WARN and "no NVIDIA GPU" in c.detail
 
 
@@ -153,7 +154,7 @@ def fake_prebuilt(directory, torch="2.12.0+cpu", stable_abi=None, corrupt=False,
 
 def test_stale_prebuilt_warns_to_reinstall(tmp_path):
     pb = fake_prebuilt(tmp_path, torch="2.12.0+cpu")
-    (c,) = doctor_cmd.check_prebuilt(pb, Platform(torch_version="2.13.0+cpu"))
+    (c,) = doctor_cmd.check_prebuilt(pb, Platform(torch=TorchFacts("2.13.0+cpu")))
     assert c.status == WARN and c.name == "prebuilt selftest_avx2"
     assert "torch upgraded since the prebuilt kernels were built" in c.detail and "2.12.0+cpu" in c.detail
     assert "OPFORGE_BUILD=selftest" in c.fix
@@ -161,16 +162,16 @@ def test_stale_prebuilt_warns_to_reinstall(tmp_path):
 
 def test_stable_abi_prebuilt_survives_a_torch_upgrade(tmp_path):
     pb = fake_prebuilt(tmp_path, torch="2.12.0+cpu", stable_abi="2.10")
-    (c,) = doctor_cmd.check_prebuilt(pb, Platform(torch_version="2.13.0+cpu"))
+    (c,) = doctor_cmd.check_prebuilt(pb, Platform(torch=TorchFacts("2.13.0+cpu")))
     assert c.status == OK and "stable ABI" in c.detail
 
 
 def test_corrupt_or_missing_prebuilt_fails(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    (c,) = doctor_cmd.check_prebuilt(fake_prebuilt(tmp_path / "a", corrupt=True), Platform(torch_version="2.12.0+cpu"))
+    (c,) = doctor_cmd.check_prebuilt(fake_prebuilt(tmp_path / "a", corrupt=True), Platform(torch=TorchFacts("2.12.0+cpu")))
     assert c.status == FAIL and "sha256" in c.detail and "OPFORGE_BUILD=selftest" in c.fix
-    (c,) = doctor_cmd.check_prebuilt(fake_prebuilt(tmp_path / "b", missing=True), Platform(torch_version="2.12.0+cpu"))
+    (c,) = doctor_cmd.check_prebuilt(fake_prebuilt(tmp_path / "b", missing=True), Platform(torch=TorchFacts("2.12.0+cpu")))
     assert c.status == FAIL and "missing" in c.detail
 
 

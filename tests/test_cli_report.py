@@ -13,6 +13,7 @@ from conftest import run_python
 from opforge import isa, prebuilt
 from opforge.cli import report_cmd
 from opforge.cli.main import main
+from opforge.compat import TorchFacts
 from opforge.platform import Cpu, Gpu, Platform, ToolInfo
 
 ANSI = re.compile(r"\x1b\[")
@@ -111,7 +112,7 @@ def test_hand_built_platform_and_stale_prebuilt_record(cache_dir, tmp_path, caps
     (tmp_path / "build_info.json").write_text(json.dumps(info))
     pb = prebuilt.read(str(tmp_path))
     gpu = Platform(cpu=HASWELL.cpu, cxx=GCC, ninja=NINJA, gpus=(Gpu(0, "NVIDIA H100", "nvidia", (9, 0), "sm_90", 80 << 30),),
-                   torch_cuda="13.0")
+                   torch=TorchFacts(cuda="13.0"))
     with open(report_cmd.SCHEMA_FILE, encoding="utf-8") as f:
         schema = json.load(f)
 

@@ -162,7 +162,7 @@ def test_stable_abi_key_survives_a_torch_upgrade_and_names_its_target():
     from dataclasses import replace
 
     from opforge.build.key import BuildSpec
-    from opforge.build.toolchain import TorchFacts
+    from opforge.compat import TorchFacts
 
     t211 = TorchFacts("2.11.0+cu130", "aaa", "13.0", None, True, "/venv/torch", "cpython-312", ".so", "x86_64")
     t213 = replace(t211, version="2.13.0+cu130", git_version="bbb")

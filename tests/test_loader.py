@@ -15,6 +15,7 @@ from conftest import ROOT, run_python
 
 import opforge
 from opforge import isa, prebuilt
+from opforge.compat import TorchFacts
 from opforge.decision import Rejected
 from opforge.errors import BuildError, OpforgeError
 from opforge.extension import CACHED, NEEDS_BUILD, PREBUILT, READY, CppExtension, CudaExtension, Status, TorchExtension
@@ -114,7 +115,7 @@ def test_no_compiler_falls_to_prebuilt_cached_or_torch():
 
 
 def test_stable_abi_extension_rejected_on_an_older_torch():
-    old = Platform(cpu=ICELAKE.cpu, cxx=GCC, ninja=NINJA, torch_version="2.8.0+cpu")
+    old = Platform(cpu=ICELAKE.cpu, cxx=GCC, ninja=NINJA, torch=TorchFacts("2.8.0+cpu"))
     cands = {c.name: c for c in select(selftest_exts(), old, {})}
     assert "stable ABI of torch 2.10" in cands["selftest_avx512"].decision.reason
     assert chosen(old) == "selftest_torch"
@@ -130,16 +131,16 @@ class _AnyCuda(CudaExtension):
 
 def test_cuda_extensions_by_gpu_and_toolkit():
     nvcc13 = ToolInfo("/usr/local/cuda/bin/nvcc", "Build cuda_13.0.r13.0/compiler.36424714_0")
-    a100 = Platform(gpus=(Gpu(0, "A100", "nvidia", (8, 0), "sm_80"),), torch_cuda="13.0", nvcc=nvcc13, cxx=GCC, ninja=NINJA)
+    a100 = Platform(gpus=(Gpu(0, "A100", "nvidia", (8, 0), "sm_80"),), torch=TorchFacts(cuda="13.0"), nvcc=nvcc13, cxx=GCC, ninja=NINJA)
     assert "compute capability >= 9.0; the GPUs here are 8.0" in _Sm90().is_available(a100).reason
     assert _AnyCuda().is_available(a100)
     assert _AnyCuda().check_compatible(a100)
-    mismatch = Platform(gpus=a100.gpus, torch_cuda="12.8", nvcc=nvcc13, cxx=GCC, ninja=NINJA)
+    mismatch = Platform(gpus=a100.gpus, torch=TorchFacts(cuda="12.8"), nvcc=nvcc13, cxx=GCC, ninja=NINJA)
     reason = _AnyCuda().check_compatible(mismatch).reason
-    assert "nvcc is CUDA 13.0 but torch was built with CUDA 12.8" in reason and "CUDA_HOME" in reason
+    assert "nvcc is CUDA 13.0, but torch was built with CUDA 12.8" in reason and "CUDA_HOME" in reason
     assert "none found" in _AnyCuda().is_available(Platform()).reason
     assert "without CUDA" in _AnyCuda().check_compatible(Platform(gpus=a100.gpus)).reason
-    (c,) = select([_AnyCuda()], Platform(gpus=a100.gpus, torch_cuda="13.0", cxx=GCC, ninja=NINJA), {})
+    (c,) = select([_AnyCuda()], Platform(gpus=a100.gpus, torch=TorchFacts(cuda="13.0"), cxx=GCC, ninja=NINJA), {})
     assert "nvcc not found" in c.decision.reason
 
 
@@ -150,7 +151,7 @@ def test_selection_per_tensor_device():
     """A GPU machine: CUDA tensors get the CUDA variant, CPU tensors the best CPU one, any other
     device the torch one; each rejection says which tensors the variant takes."""
     nvcc13 = ToolInfo("/usr/local/cuda/bin/nvcc", "Build cuda_13.0.r13.0/compiler.36424714_0")
-    gpu = Platform(cpu=ICELAKE.cpu, gpus=(Gpu(0, "H100", "nvidia", (9, 0), "sm_90"),), torch_cuda="13.0", nvcc=nvcc13,
+    gpu = Platform(cpu=ICELAKE.cpu, gpus=(Gpu(0, "H100", "nvidia", (9, 0), "sm_90"),), torch=TorchFacts(cuda="13.0"), nvcc=nvcc13,
                    cxx=GCC, ninja=NINJA)
     cuda = _AnyCuda()
     cuda.priority = 60  # above the CPU variants, as a real CUDA variant is
@@ -331,7 +332,7 @@ def test_prebuilt_for_another_torch_is_skipped_with_a_warning_then_jit(cache_dir
     Cpp.stable_abi = "2.10"
     cands = {c.name: c for c in Loader().candidates()}
     assert cands[Cpp.name].status.state == NEEDS_BUILD
-    assert "prebuilt for torch 2.12.0+cpu, but torch" in cands[Cpp.name].status.note
+    assert "prebuilt for torch 2.12.0+cpu, but here torch is" in cands[Cpp.name].status.note
     with pytest.warns(opforge.KernelFallbackWarning, match="prebuilt binary skipped: prebuilt for torch 2.12.0"):
         k = Loader().load(ext_name=Cpp.name)
     assert k.origin == "built"

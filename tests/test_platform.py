@@ -10,6 +10,7 @@ from conftest import run_python
 
 from opforge import platform as platform_mod
 from opforge import settings
+from opforge.compat import TorchFacts
 from opforge.platform import Platform, ToolInfo
 
 
@@ -20,7 +21,7 @@ def test_detects_this_machine(cache_dir):
     if p.is_x86:
         assert p.cpu.has("sse2")
     assert p.torch_version == torch.__version__ and p.torch_cuda == torch.version.cuda
-    assert p.python_tag.startswith("cpython-")
+    assert p.torch.python_tag.startswith("cpython-")
     if not torch.cuda.is_available():
         assert p.gpus == () and p.gpu_probe
     assert p.ninja is not None and p.ninja.version
@@ -61,6 +62,6 @@ def test_to_json_round_trips_through_json(cache_dir):
 
 
 def test_hand_built_platforms_need_only_what_matters():
-    p = Platform(torch_version="2.9.1", nvcc=ToolInfo("/n", "Cuda compilation tools, release 12.8, V12.8.93"))
+    p = Platform(torch=TorchFacts("2.9.1"), nvcc=ToolInfo("/n", "Cuda compilation tools, release 12.8, V12.8.93"))
     assert p.torch_minor == (2, 9) and p.nvcc.version_tuple == (12, 8)
     assert not p.has_cuda_gpu and p.cxx is None

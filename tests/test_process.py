@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 
 import opforge
-from opforge import extension, loader, platform, process
-from opforge.build import toolchain
+from opforge import compat, extension, loader, platform, process
 from opforge.kernel_loader import SelftestLoader
 from opforge.kernels.bias_act import dispatch
 from opforge.kernels.block_sparse import triton_impl
@@ -18,16 +17,16 @@ def test_reset_forgets_every_choice_and_the_next_call_chooses_again(shared_cache
     k = SelftestLoader().load()
     bias_act(torch.ones(2, 3), torch.ones(3))
     platform.current()
-    toolchain.torch_facts()
+    compat.torch_facts()
     assert SelftestLoader._cache and extension._LOADED and platform._CURRENT and dispatch._BY_DEVICE
-    assert toolchain.torch_facts.cache_info().currsize == 1
+    assert compat.torch_facts.cache_info().currsize == 1
 
     opforge.reset()
 
     assert not SelftestLoader._cache and not platform._CURRENT
     assert extension._LOADED  # loaded kernels stay: their binaries can't be loaded twice
     assert not dispatch._BY_DEVICE and not dispatch._ADAPTED
-    assert toolchain.torch_facts.cache_info().currsize == 0 and platform.detect_cpu.cache_info().currsize == 0
+    assert compat.torch_facts.cache_info().currsize == 0 and platform.detect_cpu.cache_info().currsize == 0
     assert not (triton_impl._FWD or triton_impl._DX or triton_impl._DW)
     again = SelftestLoader().load()  # chosen again; the library itself was never unloaded
     assert again.name == k.name and again.ops is k.ops

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 import opforge
 from opforge import isa
+from opforge.compat import TorchFacts
 from opforge.errors import BuildError, OpforgeError
 from opforge.extension import (
     CACHED,
@@ -66,9 +67,11 @@ platforms = st.builds(
     nvcc=tools("nvcc", ["Build cuda_13.0.r13.0/compiler.36260728_0", "Cuda compilation tools, release 12.4, V12.4.131",
                         ""]),
     ninja=tools("ninja", ["1.11.1", ""]),
-    torch_version=st.sampled_from(["2.13.0", "2.11.0", "2.9.1", "2.4.0", "2.14.0.dev20261120", "2.10.0a0+git1234"]),
-    torch_cuda=st.sampled_from([None, "13.0", "12.4", "11.8"]),
-    torch_hip=st.sampled_from([None, "6.2"]),
+    torch=st.builds(TorchFacts,
+                    version=st.sampled_from(["2.13.0", "2.11.0", "2.9.1", "2.4.0", "2.14.0.dev20261120",
+                                             "2.10.0a0+git1234"]),
+                    cuda=st.sampled_from([None, "13.0", "12.4", "11.8"]),
+                    hip=st.sampled_from([None, "6.2"])),
     triton=st.sampled_from([None, "3.5.0", "3.1.0"]),
 )
 DEVICES = st.sampled_from([None, "cpu", "cuda", "meta"])
@@ -95,7 +98,7 @@ def check_fits(ext: Extension, p: Platform, status: Status | None, device: str |
     if ext.backend == "triton":
         assert p.gpus and p.triton is not None, ext.name
     if isinstance(ext, CompiledExtension) and ext.stable_abi:
-        from opforge.build.key import version_tuple
+        from opforge.compat import version_tuple
 
         assert version_tuple(p.torch_version) >= version_tuple(ext.stable_abi), (ext.name, p.torch_version)
     if isinstance(ext, CompiledExtension) and status.state == NEEDS_BUILD:

@@ -30,26 +30,26 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
+from .. import compat
 from .. import settings as settings_mod
+from ..compat import TorchFacts
 from ..decision import Accepted, Decision, Rejected
 from ..errors import ArchiveError, CacheError
 from . import cache, inventory
 from . import deps as deps_mod
-from .key import check_name, sha256_file, version_tuple
+from .key import check_name, sha256_file
 from .manifest import Manifest
 
 INDEX = "opforge-cache.json"
 FORMAT = 1
 _ENTRY_DIR = re.compile(r"[0-9a-f]{16}-[0-9a-f]{8}")
-_TORCH_FIELDS = ("version", "git_version", "cuda", "hip", "cxx11_abi", "root", "python_tag", "ext_suffix", "machine")
-_STABLE_FIELDS = ("cuda", "hip", "cxx11_abi", "machine")
 
 
 @dataclass(frozen=True)
 class Here:
     """The facts of this machine that decide whether a cached entry would be found and run here."""
 
-    torch: dict
+    torch: TorchFacts
     cpu_identity: str
     gpu_archs: str
     """What ``key.cuda_arch_key`` gives here with no explicit arch flags ("list:...", "visible:9.0" or "none")."""
@@ -61,7 +61,7 @@ class Here:
         from .key import cuda_arch_key
 
         s = s or settings_mod.current()
-        return cls(asdict(toolchain.torch_facts()), toolchain.host_cpu_identity(), cuda_arch_key(s, ()),
+        return cls(compat.torch_facts(), toolchain.host_cpu_identity(), cuda_arch_key(s, ()),
                    s.cuda_arch_list or "")
 
 
@@ -81,35 +81,34 @@ def fits(inputs: dict, here: Here) -> Decision:
     """Would a binary built from these inputs (its manifest's ``inputs``) be looked up and run on
     a machine with these facts? Pure.
 
-    >>> t = dict(version="2.13.0+cpu", git_version="g", cuda=None, hip=None, cxx11_abi=True, root="/t",
-    ...          python_tag="cpython-311", ext_suffix=".so", machine="x86_64")
+    >>> t = TorchFacts("2.13.0+cpu", "g", root="/t")
     >>> here = Here(t, "cpu", "none", "")
-    >>> inputs = {"torch": t, "cpu_identity": "", "cuda_archs": "", "stable_abi": "", "env": []}
+    >>> inputs = {"torch": t.to_json(), "cpu_identity": "", "cuda_archs": "", "stable_abi": "", "env": []}
     >>> bool(fits(inputs, here))
     True
-    >>> print(fits(dict(inputs, torch=dict(t, version="2.12.0+cpu")), here).reason)
-    built for torch version 2.12.0+cpu; this machine has 2.13.0+cpu
+    >>> print(fits(dict(inputs, torch=dict(t.to_json(), version="2.12.0+cpu")), here).reason)
+    built for torch 2.12.0+cpu, but here torch is 2.13.0+cpu
+    >>> print(fits(dict(inputs, torch=dict(t.to_json(), root="/u")), here).reason)
+    built against the torch in /u; this machine's is in /t, so its key differs here
     """
-    if not isinstance(inputs, dict) or not isinstance(inputs.get("torch"), dict):
+    theirs = compat.TorchFacts.from_json(inputs.get("torch")) if isinstance(inputs, dict) else None
+    if theirs is None:
         return Rejected("its manifest does not record what it was built for (an older opforge?)")
-    theirs, ours = inputs["torch"], here.torch
     stable = inputs.get("stable_abi") or ""
-    for f in _STABLE_FIELDS if stable else _TORCH_FIELDS:
-        if theirs.get(f) != ours.get(f):
-            return Rejected(f"built for torch {f} {theirs.get(f)}; this machine has {ours.get(f)}")
-    if stable and version_tuple(str(ours["version"])) < version_tuple(stable):
-        return Rejected(f"built on the stable ABI of torch {stable}; this machine has torch {ours['version']}")
+    runs = compat.same_torch(theirs, here.torch, stable)
+    if not runs:
+        return runs
+    if theirs.abi_key(stable) != here.torch.abi_key(stable):  # the key also hashes where torch and Python put things
+        if theirs.root != here.torch.root:
+            return Rejected(f"built against the torch in {theirs.root}; this machine's is in {here.torch.root}, "
+                            "so its key differs here")
+        return Rejected(f"built for the extension suffix {theirs.ext_suffix!r}; this Python's is "
+                        f"{here.torch.ext_suffix!r}")
     if inputs.get("cpu_identity") and inputs["cpu_identity"] != here.cpu_identity:
         return Rejected("tuned for its build host's own CPU (native arch flags), and this CPU differs")
     env = dict(inputs.get("env") or [])
-    if env.get("TORCH_CUDA_ARCH_LIST", "") != here.arch_list:
-        return Rejected(f"built with TORCH_CUDA_ARCH_LIST={env.get('TORCH_CUDA_ARCH_LIST', '')!r}; "
-                        f"here it is {here.arch_list!r}")
-    archs = inputs.get("cuda_archs") or ""
-    if archs and archs != "flags" and archs != here.gpu_archs:
-        return Rejected(f"built for the CUDA archs {archs!r}; this machine needs {here.gpu_archs!r} "
-                        "(build with the same TORCH_CUDA_ARCH_LIST on both machines)")
-    return Accepted()
+    return compat.cuda_archs(env.get("TORCH_CUDA_ARCH_LIST", ""), inputs.get("cuda_archs") or "", here.arch_list,
+                             here.gpu_archs)
 
 
 def verdict(manifest: Manifest, here: Here) -> Decision:
@@ -168,7 +167,7 @@ def export(path: str, names: list[str] | None = None, root: str | None = None,
         chosen.append((row.name, entry_name, m, files))
         outcomes.append(Outcome(row.name, entry_name, "exported"))
     index = {
-        "format": FORMAT, "created_at": time.time(), "host": socket.gethostname(), "torch": here.torch,
+        "format": FORMAT, "created_at": time.time(), "host": socket.gethostname(), "torch": here.torch.to_json(),
         "entries": [{"name": n, "entry": e, "binary": m.binary, "kind": m.kind,
                      "files": {f: {"size": size, "sha256": h} for f, (_, size, h) in files.items()}}
                     for n, e, m, files in chosen],

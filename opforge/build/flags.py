@@ -15,9 +15,10 @@ import re
 import sysconfig
 from dataclasses import dataclass
 
+from .. import compat
 from ..errors import ToolchainError
 from ..settings import Settings
-from .key import BuildSpec, stable_abi_macro
+from .key import BuildSpec
 from .toolchain import default_cxx_std, linker_flags
 
 _STD_RE = re.compile(r"['\"](-std=c\+\+\d\d)['\"]")
@@ -111,7 +112,7 @@ def derive(spec: BuildSpec, settings: Settings) -> Flags:
         system_includes.append(py_include)
     common = []
     if spec.stable_abi:  # a plain library on the stable C ABI: no Python, no torch C++ API
-        common += [stable_abi_macro(spec.stable_abi)]
+        common += [compat.stable_abi_macro(spec.stable_abi)]
     elif not spec.is_standalone:
         common += [f"-DTORCH_EXTENSION_NAME={spec.name}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
     common += [f"-D_GLIBCXX_USE_CXX11_ABI={int(spec.torch.cxx11_abi)}"]

@@ -23,10 +23,12 @@ import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 
+from .. import compat
+from ..compat import TorchFacts
 from ..errors import ToolchainError
 from ..settings import Settings
 from . import toolchain
-from .toolchain import Tool, TorchFacts
+from .toolchain import Tool
 
 #: Bump when the flags opforge derives, or the cache layout, change.
 #: 2: the shared libstdc++ is linked explicitly when the compiler only has a static one.
@@ -126,19 +128,8 @@ class BuildSpec:
         return data
 
     def torch_key(self) -> tuple:
-        """What about torch the binary depends on: its exact build for torch's C++ API; only
-        the stable ABI target (plus CUDA/HIP, the C++ ABI and the machine) on the stable ABI.
-
-        >>> from opforge.build.toolchain import TorchFacts
-        >>> t = TorchFacts("2.13.0+cpu", "abc", None, None, True, "/t", "cpython-311", ".so", "x86_64")
-        >>> spec = BuildSpec("e", (), (), (), (), (), (), False, False, False, None, None, t, (), stable_abi="2.10")
-        >>> spec.torch_key()
-        ('stable-abi', '2.10', None, None, True, 'x86_64')
-        """
-        t = self.torch
-        if self.stable_abi:
-            return ("stable-abi", self.stable_abi, t.cuda, t.hip, t.cxx11_abi, t.machine)
-        return t.as_tuple()
+        """What about torch the binary depends on (``TorchFacts.abi_key``)."""
+        return self.torch.abi_key(self.stable_abi)
 
     @functools.cached_property
     def config_key(self) -> str:
@@ -229,20 +220,20 @@ def make_spec(
 
     if with_cuda is None:
         with_cuda = any(is_cuda_file(s) for s in abs_sources)
-    torch_facts = toolchain.torch_facts()
+    facts = compat.torch_facts()
     nvcc = None
     archs = ""
     if with_cuda:
-        if torch_facts.cuda is None and torch_facts.hip is None:
+        if facts.cuda is None and facts.hip is None:
             raise ToolchainError(
                 f"extension {name!r} has CUDA sources (or with_cuda=True), but this torch "
-                f"({torch_facts.version}) was built without CUDA. Install a CUDA build of torch, "
+                f"({facts.version}) was built without CUDA. Install a CUDA build of torch, "
                 "or build without the .cu sources."
             )
         nvcc = toolchain.find_nvcc(settings)
         archs = cuda_arch_key(settings, cuda_cflags)
     if stable_abi:
-        check_stable_abi(name, stable_abi, torch_facts.version, is_python_module)
+        check_stable_abi(name, stable_abi, facts.version, is_python_module)
     native = any(_NATIVE_RE.match(f) for f in cflags + cuda_cflags)
     return BuildSpec(
         name=name,
@@ -257,7 +248,7 @@ def make_spec(
         is_standalone=bool(is_standalone),
         cxx=toolchain.find_cxx(settings),
         nvcc=nvcc,
-        torch=torch_facts,
+        torch=facts,
         env=settings.build_env(),
         cuda_archs=archs,
         cpu_identity=toolchain.host_cpu_identity() if native else "",
@@ -265,32 +256,10 @@ def make_spec(
     )
 
 
-def version_tuple(version: str) -> tuple[int, int]:
-    """``"2.13.0+cpu"`` -> ``(2, 13)``.
-
-    >>> version_tuple("2.11.0a0+git123"), version_tuple("2.10")
-    ((2, 11), (2, 10))
-    """
-    parts = version.split("+")[0].split(".")
-    return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
-
-
-def stable_abi_macro(target: str) -> str:
-    """The ``TORCH_TARGET_VERSION`` define for a stable ABI target.
-
-    >>> stable_abi_macro("2.10")
-    '-DTORCH_TARGET_VERSION=0x020a000000000000'
-    """
-    major, minor = version_tuple(target)
-    return f"-DTORCH_TARGET_VERSION=0x{major:02x}{minor:02x}000000000000"
-
-
 def check_stable_abi(name: str, target: str, torch_version: str, is_python_module: bool) -> None:
     if is_python_module:
         raise ValueError(f"extension {name!r}: a stable-ABI build is a plain library; pass is_python_module=False")
-    if version_tuple(torch_version) < version_tuple(target):
-        raise ToolchainError(
-            f"extension {name!r} targets the LibTorch stable ABI of torch {target}, but torch {torch_version} "
-            f"is installed: upgrade torch to >= {target}"
-        )
+    verdict = compat.stable_abi(target, torch_version)
+    if not verdict:
+        raise ToolchainError(f"extension {name!r} {verdict.reason}")
 

@@ -1,4 +1,4 @@
-"""Facts about the tools a build uses: compilers, nvcc, ninja, torch, Python.
+"""Facts about the tools a build uses: compilers, nvcc, ninja (torch's facts: ``opforge/compat.py``).
 
 Two speeds:
 
@@ -12,16 +12,14 @@ Two speeds:
 from __future__ import annotations
 
 import functools
-import importlib.machinery
 import os
-import re
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 
+from ..compat import cuda_major, version_numbers, version_tuple
 from ..errors import ToolchainError
 from ..process import forgets
 from ..settings import Settings
@@ -109,36 +107,6 @@ def nvcc(settings: Settings) -> Tool:
     return tool
 
 
-def cuda_mismatch(nvcc_release: tuple[int, ...], torch_cuda: str | None, nvcc_path: str = "nvcc") -> tuple[bool, str]:
-    """nvcc's CUDA against torch's, as torch's own JIT checks it: another major version is an
-    error (``True`` and the message: the binary would not load, or misbehave), another minor a
-    notice; ``(False, "")`` when they match or either is unknown. Pure.
-
-    >>> cuda_mismatch((11, 8), "12.8", "/usr/local/cuda-11.8/bin/nvcc")[0]
-    True
-    >>> cuda_mismatch((12, 4), "12.8")
-    (False, 'nvcc is CUDA 12.4, torch was built with CUDA 12.8: a minor-version difference, which torch accepts too')
-    >>> cuda_mismatch((13, 0), "13.0"), cuda_mismatch((), "12.8"), cuda_mismatch((12, 8), None)
-    ((False, ''), (False, ''), (False, ''))
-    """
-    if not torch_cuda or len(nvcc_release) < 2:
-        return False, ""
-    try:
-        torch_v = tuple(int(p) for p in torch_cuda.split(".")[:2])
-    except ValueError:
-        return False, ""
-    ours = f"{nvcc_release[0]}.{nvcc_release[1]}"
-    if nvcc_release[0] != torch_v[0]:
-        return True, (f"{nvcc_path} is CUDA {ours}, but torch was built with CUDA {torch_cuda}: a binary built "
-                      f"with it would not load (or not run) with this torch. Point CUDA_HOME at a CUDA "
-                      f"{torch_v[0]}.x toolkit (e.g. CUDA_HOME=/usr/local/cuda-{torch_cuda}), or install a torch "
-                      f"built for CUDA {nvcc_release[0]}")
-    if tuple(nvcc_release[:2]) != torch_v:
-        return False, (f"nvcc is CUDA {ours}, torch was built with CUDA {torch_cuda}: a minor-version difference, "
-                       f"which torch accepts too")
-    return False, ""
-
-
 @functools.lru_cache(maxsize=16)
 def nvcc_release(argv: tuple[str, ...], identity: str) -> tuple[int, ...]:
     """nvcc's CUDA release, ``(13, 0)``, from ``--version`` (memoized per binary; ``()`` if unreadable)."""
@@ -147,20 +115,17 @@ def nvcc_release(argv: tuple[str, ...], identity: str) -> tuple[int, ...]:
         line = probe_version(argv)
     except ToolchainError:
         return ()
-    m = re.search(r"release (\d+)\.(\d+)|cuda_(\d+)\.(\d+)", line)
-    if not m:
-        return ()
-    return tuple(int(g) for g in m.groups() if g is not None)
+    return version_numbers(line)[:2]
 
 
 def check_cuda(nvcc_tool: Tool, torch_cuda: str | None, notice) -> None:
     """Raises ToolchainError on a CUDA major-version mismatch between nvcc and torch; a notice
     on a minor one (cold path: one ``nvcc --version`` per toolkit and process)."""
-    bad, message = cuda_mismatch(nvcc_release(nvcc_tool.argv, nvcc_tool.identity), torch_cuda, nvcc_tool.path)
-    if bad:
-        raise ToolchainError(message)
-    if message:
-        notice(message)
+    verdict = cuda_major(nvcc_release(nvcc_tool.argv, nvcc_tool.identity), torch_cuda, nvcc_tool.path)
+    if not verdict:
+        raise ToolchainError(verdict.reason)
+    if verdict.reason:
+        notice(verdict.reason)
 
 
 def ccache(settings: Settings) -> str | None:
@@ -265,51 +230,13 @@ def static_libstdcxx(cxx: Tool) -> bool:
     return bool(found) and os.sep not in found and "clang" not in os.path.basename(cxx.path)
 
 
-@dataclass(frozen=True)
-class TorchFacts:
-    """What about the running torch and Python changes a binary built against them."""
-
-    version: str
-    git_version: str
-    cuda: str | None
-    hip: str | None
-    cxx11_abi: bool
-    root: str
-    python_tag: str
-    ext_suffix: str
-    machine: str
-
-    def as_tuple(self) -> tuple:
-        return (self.version, self.git_version, self.cuda, self.hip, self.cxx11_abi, self.root, self.python_tag,
-                self.ext_suffix, self.machine)
-
-
-@functools.lru_cache(maxsize=1)
-def torch_facts() -> TorchFacts:
-    import torch
-
-    return TorchFacts(
-        version=str(torch.__version__),
-        git_version=str(getattr(torch.version, "git_version", "")),
-        cuda=torch.version.cuda,
-        hip=getattr(torch.version, "hip", None),
-        cxx11_abi=bool(torch.compiled_with_cxx11_abi()),
-        root=os.path.dirname(os.path.realpath(torch.__file__)),
-        python_tag=sys.implementation.cache_tag or "",
-        ext_suffix=importlib.machinery.EXTENSION_SUFFIXES[0],
-        machine=os.uname().machine,
-    )
-
-
 def default_cxx_std(torch_version: str) -> str:
     """The C++ standard torch's own JIT builds use, by version (2.11 used C++17, 2.13 C++20).
 
     >>> default_cxx_std("2.13.0+cpu"), default_cxx_std("2.11.0+cu130")
     ('-std=c++20', '-std=c++17')
     """
-    parts = torch_version.split("+")[0].split(".")
-    major, minor = int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
-    return "-std=c++20" if (major, minor) >= (2, 13) else "-std=c++17"
+    return "-std=c++20" if version_tuple(torch_version) >= (2, 13) else "-std=c++17"
 
 
 def host_cpu_identity() -> str:
@@ -331,6 +258,6 @@ def host_cpu_identity() -> str:
 
 @forgets
 def _forget() -> None:
-    """The probes memoized per tool identity, and torch's facts (``opforge.reset()``)."""
-    for memo in (nvcc_release, _print_file_name, links_with, torch_facts):
+    """The probes memoized per tool identity (``opforge.reset()``)."""
+    for memo in (nvcc_release, _print_file_name, links_with):
         memo.cache_clear()

@@ -47,7 +47,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
-from .. import __version__
+from .. import __version__, compat
 from .. import prebuilt as prebuilt_mod
 from .. import settings as settings_mod
 from ..errors import BuildError, CacheError, OpforgeError, UnsafeCacheError
@@ -104,8 +104,7 @@ def check_cuda(platform: Platform, settings: settings_mod.Settings) -> list[Chec
     """nvcc, and its CUDA version against torch's. Only relevant when torch has CUDA."""
     if platform.torch_cuda is None:
         return [Check("cuda", OK, f"not needed: torch {platform.torch_version} is built without CUDA")]
-    torch_major = platform.torch_cuda.split(".")[0]
-    toolkit = f"a CUDA {torch_major}.x toolkit"
+    toolkit = f"a CUDA {(compat.version_numbers(platform.torch_cuda) or ('?',))[0]}.x toolkit"
     if platform.nvcc is None:
         where = (f"CUDA_HOME={settings.cuda_home} has no bin/nvcc" if settings.cuda_home
                  else "no CUDA toolkit found (CUDA_HOME unset, no nvcc on PATH, no /usr/local/cuda)")
@@ -122,13 +121,13 @@ def check_cuda(platform: Platform, settings: settings_mod.Settings) -> list[Chec
         return [Check("nvcc", WARN, f"{platform.nvcc.path}: could not read its CUDA version",
                       f"check that `{platform.nvcc.path} --version` runs; torch needs {toolkit}")]
     nvcc_cuda = ".".join(map(str, version[:2]))
-    if str(version[0]) != torch_major:
-        return [Check("nvcc", FAIL,
-                      f"{platform.nvcc.path} is CUDA {nvcc_cuda}, but torch {platform.torch_version} was built "
-                      f"with CUDA {platform.torch_cuda}",
+    verdict = compat.cuda_major(version, platform.torch_cuda, platform.nvcc.path)
+    if not verdict:
+        return [Check("nvcc", FAIL, verdict.reason,
                       f"set CUDA_HOME to {toolkit} (e.g. CUDA_HOME=/usr/local/cuda-{platform.torch_cuda}), "
                       f"or install a torch built for CUDA {version[0]}")]
-    return [Check("nvcc", OK, f"{platform.nvcc.path}: CUDA {nvcc_cuda}, torch has CUDA {platform.torch_cuda}")]
+    return [Check("nvcc", OK, f"{platform.nvcc.path}: CUDA {nvcc_cuda}, torch has CUDA {platform.torch_cuda}"
+                  + (" (a minor-version difference, which torch accepts)" if verdict.reason else ""))]
 
 
 def _unsafe_fix(path: str, elsewhere: str) -> str:
