@@ -110,9 +110,9 @@ def header_cost() -> list[dict]:
         started = time.perf_counter()
         if src == "stable.cpp":
             from opforge import settings
-            from opforge.build import jit
-            from opforge.build.key import make_spec
-            from opforge.build.progress import Reporter
+            from opforge.engine import jit
+            from opforge.engine.key import make_spec
+            from opforge.engine.progress import Reporter
 
             s = settings.current()
             spec = make_spec(s, name, [os.path.join(HERE, "header_cost", src)], ["-O3"], None, None, None, False, False,

@@ -84,9 +84,9 @@ def timed(step, warmup: int, steps: int) -> dict:
 def build_triad():
     """The triad op, built (or found in the cache) by opforge's engine; and the ISA it was built for."""
     from opforge import platform, settings
-    from opforge.build import jit
-    from opforge.build.key import make_spec
-    from opforge.build.progress import Reporter
+    from opforge.engine import jit
+    from opforge.engine.key import make_spec
+    from opforge.engine.progress import Reporter
 
     cpu = platform.current().cpu
     isa, flags = next((isa, flags) for isa, need, flags in (

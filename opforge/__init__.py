@@ -12,9 +12,9 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .build.inline import load_inline  # noqa: E402
-from .build.jit import load  # noqa: E402
 from .decision import Accepted, Decision, Rejected  # noqa: E402
+from .engine.inline import load_inline  # noqa: E402
+from .engine.jit import load  # noqa: E402
 from .errors import (  # noqa: E402
     ArchiveError,
     BuildError,

@@ -130,7 +130,7 @@ def extension_kwargs(request: str, extensions: dict, var: str, who: str) -> dict
     """``ext_modules`` and ``cmdclass`` that build the ``extensions`` (name -> Extension) that
     ``request`` names, each into its ``aot_package``; ``var`` is the variable the request came
     from and ``who`` the package being installed (for the messages)."""
-    from .build import toolchain
+    from .engine import toolchain
 
     if request.strip().lower() in _OFF:
         return {}
@@ -157,9 +157,9 @@ def setuptools_extension(ext):
     ``aot_package``, with the JIT's flags (plus the stable-ABI macro, and ``-g0``)."""
     from torch.utils import cpp_extension
 
-    from .build import flags as flags_mod
-    from .build import toolchain
     from .compat import stable_abi_macro
+    from .engine import flags as flags_mod
+    from .engine import toolchain
 
     root = os.getcwd()
     abi = [stable_abi_macro(ext.stable_abi)] if ext.stable_abi else []
@@ -220,7 +220,7 @@ def build_ext_class(extensions: dict):
 
 def write_build_info(out_dir: str, records: dict) -> None:
     from . import __version__, compat, prebuilt
-    from .build import toolchain
+    from .engine import toolchain
 
     cxx = toolchain.find_cxx(settings_mod.current())
     info = {

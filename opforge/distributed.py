@@ -2,7 +2,7 @@
 
 ``opforge.load()`` and the kernel loaders need nothing from you: under a process group one
 rank builds and the others wait on the cache's lock, without any collective (see
-``opforge/build/ranks.py`` for why that can't deadlock). :func:`build_once` is the
+``opforge/engine/ranks.py`` for why that can't deadlock). :func:`build_once` is the
 barrier-based variant, for a point in the program that all ranks reach::
 
     kernel = opforge.distributed.build_once(lambda: CPUAdamLoader().load())
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from . import settings as settings_mod
-from .build import ranks
+from .engine import ranks
 
 T = TypeVar("T")
 

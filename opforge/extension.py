@@ -51,7 +51,7 @@ NEEDS_BUILD = "needs build"
 READY = "ready"
 """A Python backend (triton, torch): nothing to build."""
 FAILED = "failed"
-"""Its last build, from these same inputs, failed (``build/failures.py``): the loader skips it."""
+"""Its last build, from these same inputs, failed (``engine/failures.py``): the loader skips it."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ class Extension:
     @classmethod
     def validate(cls) -> None:
         """Raise a TypeError that says what is wrong with the declaration."""
-        from .build.key import check_name
+        from .engine.key import check_name
 
         where = f"{cls.__module__}.{cls.__qualname__}"
         if not cls.name:
@@ -231,7 +231,7 @@ class CompiledExtension(Extension):
         return Accepted()
 
     def spec(self, settings: settings_mod.Settings):
-        from .build.key import make_spec
+        from .engine.key import make_spec
 
         return make_spec(settings, self.name, self.source_paths(), self.compile_flags(), self.cuda_compile_flags(),
                          self.link_flags(), self.include_paths(), self.backend == "cuda", False, False, self.stable_abi or "")
@@ -243,9 +243,9 @@ class CompiledExtension(Extension):
             if verdict:
                 return Status(PREBUILT, verdict.reason)
             note = f"prebuilt binary skipped: {verdict.reason}"
-        from .build import failures, jit
-        from .build.cache import Layout
-        from .build.progress import Reporter
+        from .engine import failures, jit
+        from .engine.cache import Layout
+        from .engine.progress import Reporter
 
         s = settings or settings_mod.current()
         layout = Layout(s.cache_dir)
@@ -283,8 +283,8 @@ class CompiledExtension(Extension):
         if not self.support_jit and status.state != CACHED:
             raise OpforgeError(f"{self.name} is built ahead of time only, and no prebuilt binary fits here: "
                                f"{self.prebuild_hint()}")
-        from .build import jit
-        from .build.progress import Reporter
+        from .engine import jit
+        from .engine.progress import Reporter
 
         if status.state != CACHED:
             self._check_bindings()
@@ -296,8 +296,8 @@ class CompiledExtension(Extension):
     def build_jit(self, verbose: bool = False, settings: settings_mod.Settings | None = None, reporter=None):
         """Compile into the JIT cache (or find it there) without loading it. Returns the cache
         ``Entry`` (``.path``, ``.binary``, ``.manifest``)."""
-        from .build import jit
-        from .build.progress import Reporter
+        from .engine import jit
+        from .engine.progress import Reporter
 
         s = settings or settings_mod.current()
         self._check_bindings()
@@ -305,7 +305,7 @@ class CompiledExtension(Extension):
 
     def bindings_decision(self) -> Decision:
         """Do its sources register ops with torch (not only a Python module)? Read from the sources."""
-        from .build import bindings
+        from .engine import bindings
 
         return bindings.library_decision(self.name, self.namespace, self.source_paths(), self.include_paths())
 
@@ -318,7 +318,7 @@ class CompiledExtension(Extension):
         import torch
 
         if not loaded:
-            from .build import importer
+            from .engine import importer
 
             importer.load_library(self.name, path, self.source_paths())
         return LoadedKernel(self.name, self.kind, self.backend, origin, path, getattr(torch.ops, self.namespace))

@@ -170,7 +170,7 @@ def current(settings: settings_mod.Settings | None = None, init_cuda: bool = Fal
 
 
 def detect(s: settings_mod.Settings, init_cuda: bool = False) -> Platform:
-    from .build import toolchain
+    from .engine import toolchain
 
     torch = compat.torch_facts()
     gpus, probe = _gpus(s, init_cuda, torch.cuda, torch.hip)
@@ -275,7 +275,7 @@ def _identity(path: str) -> str:
 def _tool_info(argv: tuple[str, ...], identity: str, s: settings_mod.Settings) -> ToolInfo:
     """The tool and its ``--version``. The version is memoised on disk by the tool's identity
     (real path, size, mtime), so a process pays the subprocess only once per installed tool."""
-    from .build import toolchain
+    from .engine import toolchain
 
     memo = os.path.join(s.cache_dir, ".tools", hashlib.sha256(identity.encode()).hexdigest()[:24])
     try:

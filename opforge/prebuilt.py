@@ -57,7 +57,7 @@ class Prebuilt:
 
     def verify(self, name: str) -> None:
         """Raise OpforgeError unless the binary's sha256 is the one recorded at build time."""
-        from .build.key import sha256_file
+        from .engine.key import sha256_file
         from .errors import OpforgeError
 
         e, path = self.entry(name), self.path(name)

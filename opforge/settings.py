@@ -63,7 +63,7 @@ class Settings:
     distributed: str = "auto"
     """``OPFORGE_DISTRIBUTED``: ``auto`` (on when a torch.distributed process group is up), ``1`` (on,
     with the ranks from ``RANK`` / ``LOCAL_RANK``), ``0`` (off). On: one rank builds, the others wait
-    (see ``build/ranks.py``)."""
+    (see ``engine/ranks.py``)."""
     shared_cache: bool = False
     """``OPFORGE_SHARED_CACHE``: the cache is on a filesystem all nodes share; global rank 0 builds
     (else the local rank 0 of each node does)."""

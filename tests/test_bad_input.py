@@ -15,7 +15,7 @@ from conftest import pymod_source
 import opforge
 from opforge import compat
 from opforge import settings as settings_mod
-from opforge.build import toolchain
+from opforge.engine import toolchain
 
 
 def _entries(name_dir) -> list[str]:

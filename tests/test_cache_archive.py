@@ -16,8 +16,8 @@ import pytest
 from conftest import run_python
 
 import opforge
-from opforge.build import archive, cache
 from opforge.cli.main import main as cli_main
+from opforge.engine import archive, cache
 
 
 def _build(name: str, make_pymod, value: int = 7) -> str:

@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, pymod_source
 
 from opforge import settings as settings_mod
-from opforge.build.ranks import Ranks, decide
+from opforge.engine.ranks import Ranks, decide
 
 WORKER = os.path.join(ROOT, "tests", "dist_worker.py")
 
@@ -205,7 +205,7 @@ def test_a_waiting_ranks_probe_is_not_taken_for_a_failed_build(tmp_path):
 
     import filelock
 
-    from opforge.build import ranks
+    from opforge.engine import ranks
 
     lock_path = str(tmp_path / "x.lock")
     published = threading.Event()
@@ -230,8 +230,8 @@ def test_a_waiting_ranks_probe_is_not_taken_for_a_failed_build(tmp_path):
 
 
 def test_a_waiter_still_reports_a_builder_that_died_without_publishing(tmp_path):
-    from opforge.build import ranks
-    from opforge.build.lock import BuildLock
+    from opforge.engine import ranks
+    from opforge.engine.lock import BuildLock
     from opforge.errors import BuildError
 
     lock_path = str(tmp_path / "x.lock")

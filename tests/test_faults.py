@@ -23,11 +23,11 @@ from conftest import ROOT, pymod_source, run_python
 
 import opforge
 from opforge import settings as settings_mod
-from opforge.build import cache
-from opforge.build.cache import Entry, Layout
-from opforge.build.key import make_spec, sha256_file
-from opforge.build.lock import BuildLock, read_holder
 from opforge.cli.main import main as cli_main
+from opforge.engine import cache
+from opforge.engine.cache import Entry, Layout
+from opforge.engine.key import make_spec, sha256_file
+from opforge.engine.lock import BuildLock, read_holder
 
 # --------------------------------------------------------------------------- helpers
 

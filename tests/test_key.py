@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from opforge import settings
-from opforge.build import deps, flags, key
+from opforge.engine import deps, flags, key
 
 
 @pytest.fixture
@@ -161,8 +161,8 @@ def test_cxx_std_is_torchs_own(monkeypatch):
 def test_stable_abi_key_survives_a_torch_upgrade_and_names_its_target():
     from dataclasses import replace
 
-    from opforge.build.key import BuildSpec
     from opforge.compat import TorchFacts
+    from opforge.engine.key import BuildSpec
 
     t211 = TorchFacts("2.11.0+cu130", "aaa", "13.0", None, True, "/venv/torch", "cpython-312", ".so", "x86_64")
     t213 = replace(t211, version="2.13.0+cu130", git_version="bbb")
@@ -181,7 +181,7 @@ def test_stable_abi_key_survives_a_torch_upgrade_and_names_its_target():
 
 def test_stable_abi_build_needs_a_library_and_a_recent_torch(cache_dir, tmp_path):
     from opforge import settings
-    from opforge.build import key
+    from opforge.engine import key
     from opforge.errors import ToolchainError
 
     src = tmp_path / "a.cpp"
@@ -196,7 +196,7 @@ def test_a_compiler_with_only_a_static_libstdcxx_gets_the_shared_one(tmp_path):
     """A relocated GCC without libstdc++.so links a private C++ runtime into each kernel, and
     a kernel's failed input check then crashes the process (seen on the GPU host's
     /opt/gcc). opforge links the system's libstdc++.so.6 explicitly for such compilers."""
-    from opforge.build import toolchain
+    from opforge.engine import toolchain
 
     def fake(name, answer):
         path = tmp_path / name
@@ -216,7 +216,7 @@ def test_the_linker_is_the_fastest_that_links_here(tmp_path):
     """OPFORGE_LINKER=auto tries mold, lld, then gold with a real link, each only when its
     ld.NAME is on PATH, and keeps the compiler's default when none links; a linker in the
     user's flags always wins."""
-    from opforge.build import toolchain
+    from opforge.engine import toolchain
 
     def fake(name, links):
         path = tmp_path / name
@@ -249,7 +249,7 @@ def test_the_linker_is_the_fastest_that_links_here(tmp_path):
 
 
 def test_ninja_runs_one_job_per_usable_cpu_unless_max_jobs(monkeypatch):
-    from opforge.build import compile as compile_mod
+    from opforge.engine import compile as compile_mod
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
     assert compile_mod.default_jobs() == 3

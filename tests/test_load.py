@@ -275,7 +275,7 @@ def test_builds_with_either_ninja_layout(cache_dir, make_pymod, tmp_path, layout
     src = make_pymod("ninja_layout_mod", 21)
     env = _path_ninja_env(tmp_path, cache_dir) if layout == "path_only" else {"OPFORGE_CACHE_DIR": str(cache_dir)}
     code = (NO_NINJA_MODULE if layout == "path_only" else "") + textwrap.dedent(f"""
-        from opforge.build import toolchain
+        from opforge.engine import toolchain
         import opforge
         print(toolchain.ninja())
         print(opforge.load("ninja_layout_mod", [{str(src)!r}]).value())

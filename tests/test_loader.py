@@ -444,7 +444,7 @@ def test_a_first_load_hashes_the_sources_and_scans_the_cache_once(shared_cache):
     in_cache(shared_cache, lambda: SelftestLoader().load())  # built (or found) here: warm for the child
     code = """
 from opforge import extension
-from opforge.build import jit
+from opforge.engine import jit
 from opforge.kernel_loader import SelftestLoader
 counts = {"spec": 0, "find": 0}
 spec, find = extension.CompiledExtension.spec, jit.find_entry

@@ -148,7 +148,7 @@ def test_cache_clean_forgets_a_failed_build(cache_dir, tmp_path, counting_cxx, c
 
 
 def test_a_new_header_in_an_include_dir_makes_the_failure_history(cache_dir, tmp_path):
-    from opforge.build import failures
+    from opforge.engine import failures
 
     (tmp_path / "op.cpp").write_text('#include "missing.h"\n')
     record = failures.Failure(0.0, 1, "h", "e", None, failures.inputs_of(
@@ -166,6 +166,6 @@ def test_a_new_header_in_an_include_dir_makes_the_failure_history(cache_dir, tmp
         """), ["/x/a.cpp", "/x/with space.h", "/x/d$.h"]),
 ])
 def test_depfiles_parse(text, expected):
-    from opforge.build.failures import parse_depfile
+    from opforge.engine.failures import parse_depfile
 
     assert parse_depfile(text) == expected

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 import torch
 
-from opforge.build import inventory
+from opforge.engine import inventory
 from opforge.kernels import triton_launch
 from opforge.kernels.triton_launch import TunedKernel, spec
 from opforge.kernels.tuning import TuningStore, fingerprint

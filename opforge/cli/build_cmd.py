@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from .. import __version__, registry
 from .. import prebuilt as prebuilt_mod
 from .. import settings as settings_mod
-from ..build.progress import Reporter
+from ..engine.progress import Reporter
 from ..errors import BuildError
 from ..extension import CACHED, NEEDS_BUILD, PREBUILT
 from ..extension import FAILED as FAILED_STATE

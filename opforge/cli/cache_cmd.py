@@ -13,8 +13,8 @@ import json
 import sys
 
 from .. import settings as settings_mod
-from ..build import inventory
-from ..build.key import check_name
+from ..engine import inventory
+from ..engine.key import check_name
 from . import output
 
 
@@ -164,7 +164,7 @@ def _counts(outcomes) -> str:
 
 
 def cmd_export(args) -> int:
-    from ..build import archive
+    from ..engine import archive
 
     root = settings_mod.current().cache_dir
     outcomes = archive.export(args.file, args.names or None, root)
@@ -174,7 +174,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_import(args) -> int:
-    from ..build import archive
+    from ..engine import archive
     from ..errors import ArchiveError
 
     root = settings_mod.current().cache_dir

@@ -147,7 +147,7 @@ def check_cache(settings: settings_mod.Settings) -> Check:
     """The cache root can be created and written, and it and each kernel's dir in it are safe
     (``cache.check_safe``: not a link, yours, not writable by group or others). The root may be
     a symlink (``~/.cache`` often is): its target is checked."""
-    from ..build import cache
+    from ..engine import cache
 
     name = "cache dir"
     root = settings.cache_dir
@@ -180,7 +180,7 @@ def check_cache(settings: settings_mod.Settings) -> Check:
 
 def check_prebuilt(pb: prebuilt_mod.Prebuilt, platform: Platform) -> list[Check]:
     """Each prebuilt kernel: present and intact (fail), and usable under this torch (warn)."""
-    from ..build.key import sha256_file
+    from ..engine.key import sha256_file
 
     if not pb.names:
         return [Check("prebuilt kernels", OK, f"none in {pb.directory} (kernels are built just in time)")]

@@ -28,7 +28,7 @@ import hashlib
 import json
 import os
 
-from ..build.inventory import TUNING_DIR as DIR
+from ..engine.inventory import TUNING_DIR as DIR
 from ..files import atomic_write
 
 FORMAT = 1

@@ -21,8 +21,8 @@ from conftest import ROOT
 LOAD = r"""
 import json, os, sys
 import opforge
-from opforge.build import cache
-from opforge.build.key import sha256_file
+from opforge.engine import cache
+from opforge.engine.key import sha256_file
 name, src, expect = sys.argv[1], sys.argv[2], int(sys.argv[3])
 mod = opforge.load(name, [src])
 m = cache.read_manifest(os.path.dirname(mod.__file__))

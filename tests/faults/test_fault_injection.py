@@ -21,7 +21,7 @@ import pytest
 from conftest import ROOT, pymod_source
 
 import opforge
-from opforge.build import cache, importer, inventory
+from opforge.engine import cache, importer, inventory
 
 from .conftest import LOAD
 
@@ -230,7 +230,7 @@ def test_dependency_mtimes_in_the_future_and_the_past(cache_dir, tmp_path, count
 _LOOP = r"""
 import json, sys
 import opforge
-from opforge.build import importer
+from opforge.engine import importer
 names, srcs, rounds = sys.argv[1].split(","), sys.argv[2].split(","), int(sys.argv[3])
 ok = 0
 for i in range(rounds):

@@ -171,7 +171,7 @@ def run_ninja(ninja: str, build_dir: str, spec: BuildSpec, objects: dict[str, st
     log_path = os.path.join(build_dir, LOG_FILE)
     digests = dict(zip(spec.sources, spec.source_digests))
     invalidate_moved_objects(build_dir, digests)
-    # keepdepfile: a failed compile's depfile stays, for the failure's record (build/failures.py)
+    # keepdepfile: a failed compile's depfile stays, for the failure's record (engine/failures.py)
     cmd = [ninja, "-v", "-d", "keepdepfile", "-j", str(max_jobs or default_jobs())]
     env = dict(env, NINJA_STATUS="[%f/%t] ")
     out_lines: list[str] = []

@@ -90,7 +90,7 @@ class BuildLock:
 
     def __enter__(self) -> BuildLock:
         start = time.monotonic()
-        try:  # a moment's grace first: a waiting rank's probe (build/ranks.py) holds it for microseconds
+        try:  # a moment's grace first: a waiting rank's probe (engine/ranks.py) holds it for microseconds
             self._lock.acquire(timeout=0.2, poll_interval=0.01)
         except filelock.Timeout:
             self._wait(start)
