@@ -85,6 +85,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch.nn.functional as F
 from _table import show  # noqa: E402  (bench/, beside this script)
 
+from opforge.bench.timing import Clock, host_loop, summary  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
           "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
@@ -199,41 +201,6 @@ def cache_size(level: int) -> int:
 # --- timing
 
 
-class Clock:
-    """Seconds for a batch of calls: CUDA events after a synchronize and an L2 flush, or the
-    host clock."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20) or (50 << 20)
-            self.flush = torch.empty(2 * l2 // 4, dtype=torch.float32, device=device)
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def batch(self, run, start: int, k: int) -> float:
-        """Seconds for k runs; on a GPU, ``self.host`` is the host's seconds to issue them (no sync)."""
-        if self.cuda:
-            torch.cuda.synchronize()
-            self.flush.zero_()  # every batch starts from the same L2 state, whatever ran before it
-            e0, e1 = self.events
-            e0.record()
-            t0 = time.perf_counter()
-            for j in range(start, start + k):
-                run(j)
-            self.host = time.perf_counter() - t0
-            e1.record()
-            e1.synchronize()
-            return e0.elapsed_time(e1) / 1e3
-        t0 = time.perf_counter()
-        for j in range(start, start + k):
-            run(j)
-        return time.perf_counter() - t0
-
-
 @dataclass
 class Row:
     run: object
@@ -249,7 +216,7 @@ def cells(rows: dict[str, Row], clock: Clock, warmup: int, rounds: int, target_s
         for i in range(warmup):
             row.run(i)
         trial = 3 if max_k > 1 else 1
-        est = clock.batch(row.run, warmup, trial) / trial
+        est = clock.batch(row.run, trial, start=warmup)[0] / trial
         k = max(1, min(max_k, round(target_s / max(est, 1e-9))))
         state[name] = [row, k, warmup + trial, [], []]
     names = list(rows)
@@ -257,14 +224,14 @@ def cells(rows: dict[str, Row], clock: Clock, warmup: int, rounds: int, target_s
         for name in names[r % len(names):] + names[:r % len(names)]:
             st = state[name]
             row, k = st[0], st[1]
-            st[3].append(clock.batch(row.run, st[2], k) / (k * row.calls))
-            if clock.cuda:
-                st[4].append(clock.host / (k * row.calls))
+            seconds, host = clock.batch(row.run, k, start=st[2])
+            st[3].append(seconds / (k * row.calls))
+            if host is not None:
+                st[4].append(host / (k * row.calls))
             st[2] += k
     out = {}
     for name, (row, k, _, runs, hosts) in state.items():
-        out[name] = {"median_s": statistics.median(runs), "min_s": min(runs), "max_s": max(runs),
-                     "calls_per_batch": k * row.calls, "runs": runs,
+        out[name] = {**summary(runs), "calls_per_batch": k * row.calls,
                      "host_median_s": statistics.median(hosts) if hosts else None}
     return out
 
@@ -465,12 +432,9 @@ def run_case(args, dev: torch.device, shape, dtype, of: dict, spec, clock: Clock
         # the compile, timed apart: its first call in this mode
         if COMPILE in rows:
             say(f"{label} {SHORT[dtype]} {mode}: torch.compile (first call)")
-            clock.sync()
-            t0 = time.perf_counter()
             try:
-                rows[COMPILE].run(0)
-                clock.sync()
-                case["compile_s"][mode] = time.perf_counter() - t0
+                case["compile_s"][mode] = host_loop(rows[COMPILE].run, 1, before=clock.sync, after=clock.sync,
+                                                       calls=range(1))
             except Exception as exc:  # noqa: BLE001 - reported, then on without it
                 case["skipped"][f"{COMPILE} {mode}"] = one_line(exc)
                 say(f"torch.compile failed: {one_line(exc)}")

@@ -25,9 +25,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import torch
+
+from opforge.bench.timing import loops
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 from bias_act import DTYPES, eager_fn, parse_shape, pybind_floor  # noqa: E402
@@ -37,14 +38,7 @@ def per_call(fn, calls: int, sync) -> float:
     for _ in range(max(20, calls // 10)):
         fn()
     sync()
-    best = float("inf")
-    for _ in range(7):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        best = min(best, (time.perf_counter() - t0) / calls)
-    return best
+    return min(loops(fn, calls, 7, after=sync))
 
 
 def main() -> None:

@@ -30,11 +30,14 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
+
+from opforge.bench.timing import loops
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -57,16 +60,9 @@ def host_time(fn, calls: int = 20) -> float | None:
     median of 5 loops); the GPU's queue absorbs them."""
     try:
         fn()
+        samples = loops(fn, calls, 5, before=torch.cuda.synchronize)
         torch.cuda.synchronize()
-        loops = []
-        for _ in range(5):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            loops.append((time.perf_counter() - t0) / calls)
-        torch.cuda.synchronize()
-        return sorted(loops)[2]
+        return statistics.median(samples)
     except Exception:  # noqa: BLE001 - bench() reports the failure
         return None
 

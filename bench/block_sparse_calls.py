@@ -44,6 +44,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from opforge.bench.timing import Clock
+
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -89,44 +91,17 @@ class _no_gc:
 
 
 def _rounds(live, names, rounds, calls, host, gpu) -> None:
+    clock = Clock(torch.device("cuda", torch.cuda.current_device()), flush=False)
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)] if names else []:
-            fn = live[name]
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            host[name].append((time.perf_counter() - t0) / calls)
-            end.record()
-            torch.cuda.synchronize()
-            gpu[name].append(start.elapsed_time(end) / 1e3 / calls)
+            seconds, issue = clock.batch(live[name], calls)
+            host[name].append(issue / calls)
+            gpu[name].append(seconds / calls)
 
 
 def graph_time(fn, calls: int = 20) -> float | None:
     """GPU s per call of ``fn`` captured in a CUDA graph and replayed."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / calls)
-    return statistics.median(times)
+    return Clock(torch.device("cuda", torch.cuda.current_device()), flush=False).graph(fn, calls)
 
 
 def peers(w_dense: torch.Tensor, block: int) -> dict:

@@ -18,23 +18,17 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
+
+from opforge.bench.timing import loops
 
 
 def host(fn, calls: int = 200) -> float:
     for _ in range(20):
         fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(7):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        out.append((time.perf_counter() - t0) / calls)
+    out = loops(fn, calls, 7, before=torch.cuda.synchronize)
     torch.cuda.synchronize()
     return statistics.median(out) * 1e6
 

@@ -46,7 +46,6 @@ import gc
 import glob
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -54,6 +53,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _table import show as show_table  # noqa: E402  (bench/, beside this script)
+
+from opforge.bench.timing import host_loop, summary  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 0.01
@@ -73,12 +74,7 @@ def say(msg: str) -> None:
 def timed(step, warmup: int, steps: int) -> dict:
     for _ in range(warmup):
         step()
-    runs = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        runs.append(time.perf_counter() - t0)
-    return {"median_s": statistics.median(runs), "min_s": min(runs), "max_s": max(runs), "runs": runs}
+    return summary([host_loop(step, 1) for _ in range(steps)])
 
 
 def build_triad():
@@ -192,13 +188,11 @@ def cells(makes: dict, src: tuple[torch.Tensor, torch.Tensor], dtype, warmup: in
             for name in names[i % len(names):] + names[:i % len(names)]:
                 if not cold:
                     live[name][1]()
-                t0 = time.perf_counter()
-                live[name][1]()
-                live[name][2].append(time.perf_counter() - t0)
+                live[name][2].append(host_loop(live[name][1], 1))
     for name, (p, _, runs) in live.items():
         if not bool(torch.isfinite(p.detach()[-4096:].float()).all()) or torch.equal(p.detach(), src[0].to(dtype)):
             raise RuntimeError(f"{name}: the param was not updated, or is not finite")
-        out[name] = {"median_s": statistics.median(runs), "min_s": min(runs), "max_s": max(runs), "runs": runs}
+        out[name] = summary(runs)
     del live
     gc.collect()
     return out

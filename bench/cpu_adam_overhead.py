@@ -27,9 +27,10 @@ import datetime
 import json
 import platform
 import statistics
-import time
 
 import torch
+
+from opforge.bench.timing import host_loop
 
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 0.01
 WRAPPED = "step, torch's wrapper"
@@ -78,25 +79,18 @@ def rows(n: int) -> dict:
     return out
 
 
-def per_call(fn, calls: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - t0) / calls
-
-
 def measure(fns: dict, rounds: int) -> dict:
     calls = {}
     for name, fn in fns.items():
         for _ in range(5):
             fn()
-        one = per_call(fn, 3)
+        one = host_loop(fn, 3)
         calls[name] = max(3, min(2000, int(0.02 / max(one, 1e-7))))
     samples = {name: [] for name in fns}
     names = list(fns)
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            samples[name].append(per_call(fns[name], calls[name]))
+            samples[name].append(host_loop(fns[name], calls[name]))
     return {name: {"median_us": statistics.median(s) * 1e6, "min_us": min(s) * 1e6, "max_us": max(s) * 1e6,
                    "calls": calls[name]} for name, s in samples.items()}
 

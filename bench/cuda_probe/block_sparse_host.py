@@ -14,29 +14,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
+from opforge.bench.timing import host_loop, loops
+
 
 def per_call(fn, n: int, sync_each: bool, reps: int = 7) -> float:
-    out = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        if sync_each:
-            t = 0.0
-            for _ in range(n):
-                t0 = time.perf_counter()
-                fn()
-                t += time.perf_counter() - t0
-                torch.cuda.synchronize()
-        else:
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            t = time.perf_counter() - t0
-        out.append(t / n)
+    if sync_each:  # each call alone, after the last one finished
+        out = [statistics.fmean(host_loop(fn, 1, before=torch.cuda.synchronize) for _ in range(n)) for _ in range(reps)]
+    else:
+        out = loops(fn, n, reps, before=torch.cuda.synchronize)
     torch.cuda.synchronize()
     return statistics.median(out) * 1e6
 

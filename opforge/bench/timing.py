@@ -102,31 +102,99 @@ class Clock:
     def cuda(self) -> bool:
         return self.device.type == "cuda"
 
-    def batch(self, fn: Callable[[], object], k: int) -> tuple[float, float | None]:
-        """Seconds for ``k`` calls of ``fn``, and on a GPU the host's seconds to issue them."""
+    def sync(self) -> None:
+        """Wait for the device's queued work (nothing to wait for on the CPU)."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def batch(self, fn: Callable, k: int, start: int | None = None) -> tuple[float, float | None]:
+        """Seconds for ``k`` calls of ``fn``, and on a GPU the host's seconds to issue them.
+        With ``start``, the calls are ``fn(start)`` ... ``fn(start + k - 1)`` (a rotating input set).
+
+        >>> Clock(torch.device("cpu")).batch(lambda i: i, 3, start=5)[1] is None
+        True
+        """
+        calls = range(start, start + k) if start is not None else None
         if not self.cuda:
-            t0 = time.perf_counter()
-            for _ in range(k):
-                fn()
-            return time.perf_counter() - t0, None
+            return host_loop(fn, k, calls=calls) * k, None
         torch.cuda.synchronize(self.device)
         if self.flush:
             self._flush()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        t0 = time.perf_counter()
-        for _ in range(k):
-            fn()
-        host = time.perf_counter() - t0
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        host = host_loop(fn, k, calls=calls) * k
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) / 1e3, host
+        return begin.elapsed_time(end) / 1e3, host
+
+    def graph(self, fn: Callable[[], object], calls: int = 20, replays: int = 7) -> float:
+        """GPU: seconds per call of ``fn`` captured ``calls`` times in one CUDA graph, the median of
+        ``replays`` replays (the GPU's time alone, as a graph-replaying decoder sees it)."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):  # warm up outside the capture (allocations, autotuning)
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        graph.replay()
+        times = []
+        for _ in range(replays):
+            seconds, _ = self.batch(graph.replay, 1)
+            times.append(seconds / calls)
+        return statistics.median(times)
 
     def _flush(self) -> None:
         if self._scratch is None:
             l2 = getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size", 0) or (64 << 20)
             self._scratch = torch.empty(2 * l2, dtype=torch.uint8, device=self.device)
         self._scratch.zero_()
+
+
+def host_loop(fn: Callable, k: int, before: Callable[[], object] | None = None,
+              after: Callable[[], object] | None = None, calls: range | None = None) -> float:
+    """The host's seconds per call of ``k`` calls of ``fn`` back to back (``time.perf_counter``
+    around the loop): ``before()`` runs first, off the clock (a ``torch.cuda.synchronize``);
+    ``after()`` runs on the clock, before it stops (a sync: the calls' whole time, not only their
+    issue). With ``calls``, the calls are ``fn(i) for i in calls``. Every host-side timing of
+    ``opforge bench`` and the ``bench/`` scripts is this loop.
+
+    >>> host_loop(lambda: None, 100) >= 0, host_loop(lambda i: i, 2, calls=range(7, 9)) >= 0
+    (True, True)
+    """
+    if k < 1:
+        raise ValueError(f"host_loop: k must be >= 1 (got {k})")
+    if before is not None:
+        before()
+    t0 = time.perf_counter()
+    if calls is None:
+        for _ in range(k):
+            fn()
+    else:
+        for i in calls:
+            fn(i)
+    if after is not None:
+        after()
+    return (time.perf_counter() - t0) / k
+
+
+def loops(fn: Callable[[], object], k: int, n: int, before: Callable[[], object] | None = None,
+          after: Callable[[], object] | None = None) -> list[float]:
+    """``n`` :func:`host_loop` samples of ``k`` calls each (seconds per call)."""
+    return [host_loop(fn, k, before, after) for _ in range(n)]
+
+
+def summary(samples: list[float]) -> dict:
+    """The median, min and max of per-call samples, and the samples: the ``bench/`` scripts' JSON shape.
+
+    >>> summary([3.0, 1.0, 2.0])
+    {'median_s': 2.0, 'min_s': 1.0, 'max_s': 3.0, 'runs': [3.0, 1.0, 2.0]}
+    """
+    return {"median_s": statistics.median(samples), "min_s": min(samples), "max_s": max(samples),
+            "runs": list(samples)}
 
 
 def measure(fns: dict[str, Callable[[], object]], device: torch.device, plan: Plan) -> dict[str, Timing]:
