@@ -18,6 +18,8 @@ from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(ROOT, "tests")
+"""tests/: the shared helpers (``toy_reference``, ``dist_worker.py``) sit here, on sys.path under pytest."""
 
 
 # The fuzz tests (``@given``) take their example counts from a profile, not from their

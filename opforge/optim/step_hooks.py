@@ -11,7 +11,7 @@ torch's.
 It reads two private names, ``torch.optim.optimizer._global_optimizer_pre_hooks`` /
 ``_global_optimizer_post_hooks`` (what ``register_optimizer_step_pre_hook`` fills) and
 ``torch._C._autograd._profiler_enabled``. Where a torch lacks one of them, every step takes
-torch's wrapper (``tests/test_cpu_adam_optim.py`` checks both ways).
+torch's wrapper (``tests/kernels/cpu_adam/test_cpu_adam_optim.py`` checks both ways).
 """
 
 from __future__ import annotations

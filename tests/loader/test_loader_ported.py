@@ -14,7 +14,7 @@ from opforge.extension import TorchExtension
 from opforge.loader import KernelLoader
 
 _ids = itertools.count()
-# A rejected better variant gives a fallback notice (tests/test_loader_notices.py tests that); not the point here.
+# A rejected better variant gives a fallback notice (tests/loader/test_loader_notices.py tests that); not the point here.
 pytestmark = pytest.mark.filterwarnings("ignore::opforge.KernelFallbackWarning")
 
 

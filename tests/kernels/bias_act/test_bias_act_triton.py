@@ -32,7 +32,8 @@ import sys
 
 import pytest
 import torch
-from test_bias_act import CONFIGS, DTYPES  # noqa: I001  (tests/ is on sys.path under pytest)
+from conftest import ROOT
+from test_bias_act import CONFIGS, DTYPES  # noqa: I001  (beside this file: on sys.path under pytest)
 
 from opforge.kernels.bias_act import reference
 from opforge.kernels.bias_act.activations import ACTIVATIONS, lookup
@@ -40,7 +41,6 @@ from opforge.kernels.bias_act.layout import geometry
 
 triton = pytest.importorskip("triton")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 ACTS = tuple(ACTIVATIONS)
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2**-10, 1e-5), torch.bfloat16: (2**-7, 1e-5)}

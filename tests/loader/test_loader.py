@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import ROOT, run_python
+from conftest import ROOT, TESTS, run_python
 
 import opforge
 from opforge import isa, prebuilt
@@ -359,7 +359,7 @@ built = [n for n in os.listdir({str(empty_cache)!r}) if not n.startswith(".")] i
 print(k.origin, k.axpy(x, y, 2.0).tolist(), built)
 """
     out = run_python(code, env={"CXX": "/nonexistent/c++", "PATH": "/nonexistent",
-                                "OPFORGE_CACHE_DIR": str(empty_cache), "PYTHONPATH": f"{ROOT}:{os.path.dirname(__file__)}"})
+                                "OPFORGE_CACHE_DIR": str(empty_cache), "PYTHONPATH": f"{ROOT}:{TESTS}:{os.path.dirname(__file__)}"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[0] == "prebuilt [3.0, 3.0, 3.0, 3.0, 3.0] []"  # nothing built, nothing cached
 

@@ -1,7 +1,7 @@
 """native_launch without a GPU: the recipe worked out from a launch (``recipe.py``), the C++
 variant's packing checked byte for byte against the Python contract (``reference.py``), the
 key (what misses), the checks of ``define``, and ``NativeTable``'s fallbacks. The launches
-themselves run in tests/test_block_sparse_calls_cuda.py."""
+themselves run in tests/kernels/block_sparse/test_block_sparse_calls_cuda.py."""
 
 from __future__ import annotations
 

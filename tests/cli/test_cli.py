@@ -7,7 +7,7 @@ import os
 import time
 
 import pytest
-from conftest import run_python
+from conftest import TESTS, run_python
 
 from opforge.cli.main import main
 
@@ -198,7 +198,7 @@ def test_report_imports_the_users_module_to_show_its_kernels(tmp_path, monkeypat
     (tmp_path / "cli_user_kernels.py").write_text(USER_MODULE)
     code = ("import sys; from opforge.cli.main import main; sys.exit(main(['report', '--json', '--import', "
             "'cli_user_kernels', 'cli_user_kind']))")
-    out = run_python(code, cwd=str(tmp_path), env={"PYTHONPATH": os.path.dirname(os.path.abspath(__file__))})
+    out = run_python(code, cwd=str(tmp_path), env={"PYTHONPATH": TESTS})
     assert out.returncode == 0, out.stderr
     (kind,) = json.loads(out.stdout)["kinds"]
     assert kind["kind"] == "cli_user_kind" and kind["chosen"] == "cli_user_kind_ref"

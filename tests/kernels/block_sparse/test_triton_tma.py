@@ -1,7 +1,7 @@
 """``kernels/triton_tma.py`` without a GPU: the raw launcher found in a wrapper laid out as
 triton 3.5-3.6's NVIDIA driver lays it out, its arguments, and the descriptor memo's key
 (address, shape, strides, dtype, box). The real launcher is exercised on the GPU
-(``tests/test_block_sparse_calls_cuda.py``)."""
+(``tests/kernels/block_sparse/test_block_sparse_calls_cuda.py``)."""
 
 from __future__ import annotations
 

@@ -8,11 +8,11 @@ import textwrap
 
 import pytest
 import torch
-from conftest import run_python
+from conftest import ROOT, run_python
 
 import opforge
 
-DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "cuda_ext")
+DATA = os.path.join(ROOT, "examples", "cuda_ext")
 pytestmark = pytest.mark.cuda
 
 

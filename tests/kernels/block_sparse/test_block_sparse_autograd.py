@@ -2,7 +2,7 @@
 CPU tensors (the node's devices widened to ``cpu``), where every launch goes through the custom
 ops and the torch reference: the same values and gradients as the Python ``_Linear``, gradcheck
 and gradgradcheck in fp64, partial ``requires_grad``, no bias, inference mode, and opcheck of the
-helper op it calls. On the GPU (tests/test_native_launch_cuda.py) the launches are replayed."""
+helper op it calls. On the GPU (tests/kernels/native_launch/test_native_launch_cuda.py) the launches are replayed."""
 
 from __future__ import annotations
 
