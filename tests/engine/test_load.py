@@ -246,12 +246,18 @@ def test_sycl_arguments_say_they_are_not_built(cache_dir):
         opforge.load_inline("s", "int x;", sycl_sources="kernel")
 
 
-def test_load_inline_use_pch_precompiles_the_header(cache_dir, monkeypatch):
-    """Its own cache: the shared one's .pch holds exactly the header test_shared_precompiled_torch_header made."""
+def test_load_inline_use_pch_uses_the_shared_header(shared_cache, monkeypatch):
+    """use_pch=True with OPFORGE_PCH unset: the header is precompiled (or, after
+    test_shared_precompiled_torch_header in the same session, the one it made with these flags is
+    reused: one PCH per test run) and -include'd."""
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(shared_cache))
     monkeypatch.delenv("OPFORGE_PCH", raising=False)
-    mod = opforge.load_inline("pch_inline", "int seven() { return 7; }", functions=["seven"], use_pch=True)
+    mod = opforge.load_inline("pch_inline", "int seven() { return 7; }", functions=["seven"], use_pch=True,
+                              extra_cflags=["-O1"])
     assert mod.seven() == 7
-    assert any(p.is_dir() and not p.name.startswith(".") for p in (cache_dir / ".pch").iterdir())
+    (pch_dir,) = [p for p in (shared_cache / ".pch").iterdir() if p.is_dir() and not p.name.startswith(".")]
+    (build,) = [p for p in (shared_cache / "pch_inline").glob(".build-*") if p.is_dir()]
+    assert f"-include {pch_dir / 'torch_extension.h'}" in (build / "build.log").read_text()
 
 
 # -- the ninja binary: the PyPI package's, or one on PATH with no `ninja` module importable ---------
