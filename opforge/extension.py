@@ -31,7 +31,6 @@ import importlib
 import inspect
 import os
 import threading
-from dataclasses import dataclass, field
 from typing import ClassVar
 
 from . import compat
@@ -41,31 +40,9 @@ from .decision import Accepted, Decision, Rejected
 from .errors import OpforgeError
 from .loaded import LoadedKernel
 from .notices import KernelFallbackWarning, warn_once  # noqa: F401 (KernelFallbackWarning: re-exported)
+from .status import CACHED, FAILED, NEEDS_BUILD, PREBUILT, READY, Status  # noqa: F401 (re-exported)
 
 BACKENDS = ("cpp", "cuda", "triton", "torch")
-
-# What a candidate needs before it can be loaded here.
-PREBUILT = "prebuilt"
-CACHED = "cached"
-NEEDS_BUILD = "needs build"
-READY = "ready"
-"""A Python backend (triton, torch): nothing to build."""
-FAILED = "failed"
-"""Its last build, from these same inputs, failed (``engine/failures.py``): the loader skips it."""
-
-
-@dataclass(frozen=True)
-class Status:
-    state: str
-    note: str = ""
-    """Why a prebuilt binary that is present was passed over, if it was."""
-    spec: object = field(default=None, compare=False, repr=False)
-    """The ``BuildSpec`` the status was worked out for (compiled extensions), with ``entry``, the
-    cache entry it found (``CACHED``), and the ``settings`` they were made under: a load right
-    after reuses them rather than hashing the sources and scanning the cache a second time."""
-    entry: object = field(default=None, compare=False, repr=False)
-    settings: object = field(default=None, compare=False, repr=False)
-
 
 _LOADED: dict[str, LoadedKernel] = {}
 _LOADED_LOCK = threading.RLock()
