@@ -6,6 +6,9 @@ warm path is a stat and an import.
 
 ``Extension`` declares one implementation of a kernel kind; ``KernelLoader`` picks the
 best one for this machine and falls back, saying why (``opforge.kernel_loader``).
+
+``opforge.patch_torch()`` routes torch's own ``load``/``load_inline`` through opforge, for
+libraries that call them (DeepSpeed's and ColossalAI's builders, StyleGAN's custom ops).
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ from .extension import (  # noqa: E402
 from .loader import BEFORE_FOREIGN as _BEFORE_FOREIGN  # noqa: E402
 from .loader import KernelLoader  # noqa: E402
 from .notices import KernelFallbackWarning  # noqa: E402
+from .patch import patch_torch, unpatch_torch  # noqa: E402
 from .process import reset  # noqa: E402
+from .settings import current as _settings  # noqa: E402
 
 
 def _own_families() -> None:
@@ -43,6 +48,9 @@ def _own_families() -> None:
 
 
 _BEFORE_FOREIGN.append(_own_families)  # before another package's loader or extension registers (loader.py)
+
+if _settings().patch_torch:  # OPFORGE_PATCH_TORCH=1: torch's load/load_inline go through opforge (patch.py)
+    patch_torch()
 
 __all__ = [
     "load",
@@ -58,6 +66,8 @@ __all__ = [
     "KernelLoader",
     "KernelFallbackWarning",
     "reset",
+    "patch_torch",
+    "unpatch_torch",
     "LoadedKernel",
     "ArchiveError",
     "BuildError",

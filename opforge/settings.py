@@ -93,6 +93,10 @@ class Settings:
     """``OPFORGE_NATIVE_LAUNCH``: ``0`` keeps Triton launches in Python (``kernels/triton_launch.py``)
     instead of replaying each call shape's launch from C++ (``kernels/native_launch``; read once per
     process)."""
+    patch_torch: bool = False
+    """``OPFORGE_PATCH_TORCH``: ``1`` routes ``torch.utils.cpp_extension.load`` / ``load_inline`` through
+    opforge from ``import opforge`` on, for every library that calls them (``opforge.patch_torch()``
+    does it in code; ``opforge/patch.py``)."""
 
     def build_env(self) -> tuple[tuple[str, str], ...]:
         """The variables that change a binary, as (name, value) pairs for the build key."""
@@ -202,6 +206,7 @@ def current(env: Mapping[str, str] | None = None) -> Settings:
         triton_tuning=_tuning(env.get("OPFORGE_TRITON_TUNING")),
         triton_direct=(env.get("OPFORGE_TRITON_DIRECT") or "1").strip().lower() not in ("0", "false", "no", "off"),
         native_launch=(env.get("OPFORGE_NATIVE_LAUNCH") or "1").strip().lower() not in ("0", "false", "no", "off"),
+        patch_torch=_flag(env.get("OPFORGE_PATCH_TORCH")),
     )
 
 
