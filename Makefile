@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 VPY    := $(VENV)/bin/python
 STAMP  := $(VENV)/.opforge-installed
+CLIENTS := $(VENV)/.opforge-clients
+DEEPSPEED_SPEC ?= deepspeed==0.19.8
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?= -q -m 'not slow' --durations=15
 
@@ -23,7 +25,14 @@ $(STAMP): pyproject.toml | $(VPY)
 demo: $(STAMP)
 	$(VPY) examples/demo.py
 
-test: $(STAMP)
+# The real clients the tests drive (tests/clients): DeepSpeed with no op prebuilt, built against the
+# torch already here (no build isolation; the installed torch pinned, so pip can't swap it).
+$(CLIENTS): $(STAMP)
+	$(VPY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-pin.txt
+	DS_BUILD_OPS=0 $(VPY) -m pip install -q --no-build-isolation -c $(VENV)/torch-pin.txt "$(DEEPSPEED_SPEC)"
+	@touch $(CLIENTS)
+
+test: $(STAMP) $(CLIENTS)
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
