@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -165,6 +166,26 @@ def run_python(code: str, env: dict | None = None, timeout: float = 300, **kw) -
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
                           timeout=timeout, **kw)
+
+
+def kill_session(sid: int) -> dict[int, str]:
+    """SIGKILL every process of session ``sid`` (one we started); their pid -> command line."""
+    killed = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[3]) != sid:  # state, ppid, pgrp, session
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            os.kill(int(entry), signal.SIGKILL)
+            killed[int(entry)] = cmd
+        except (OSError, IndexError, ValueError):
+            continue
+    return killed
 
 
 def has_cxx() -> bool:

@@ -19,7 +19,7 @@ import threading
 import time
 
 import pytest
-from conftest import ROOT, pymod_source, run_python
+from conftest import ROOT, kill_session, pymod_source, run_python
 
 import opforge
 from opforge import settings as settings_mod
@@ -76,26 +76,6 @@ def _lock_of(name: str, sources: list) -> str:
     os.makedirs(layout.root, mode=0o700, exist_ok=True)
     os.makedirs(layout.name_dir(name), mode=0o700, exist_ok=True)
     return layout.lock_path(spec.name, spec.config_key)
-
-
-def _kill_session(sid: int) -> dict[int, str]:
-    """SIGKILL every process of session ``sid`` (one we started); their pid -> command line."""
-    killed = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[3]) != sid:  # state, ppid, pgrp, session
-                continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            os.kill(int(entry), signal.SIGKILL)
-            killed[int(entry)] = cmd
-        except (OSError, IndexError, ValueError):
-            continue
-    return killed
 
 
 class _StderrReader:
@@ -175,7 +155,7 @@ def test_kill_9_mid_build_then_fresh_load(cache_dir, make_pymod, counting_cxx, t
             victim.wait()
         # The orphans (ninja, the wrapper shell, its sleep) are in the victim's session;
         # ninja puts each command in a process group of its own, so go by session id.
-        _kill_session(victim.pid)
+        kill_session(victim.pid)
 
 
 # --------------------------------------------------------------------------- crowd
