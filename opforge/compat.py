@@ -4,7 +4,7 @@ Facts about the torch a binary is built against (:class:`TorchFacts`) and the ru
 compare them, each a pure function returning a :class:`~opforge.decision.Decision` whose
 reason names what differs and the fix. The rules are written once and called by every
 place that decides: the build key (``engine/key.py``), a loader's ``check_compatible``
-(``extension.py``), prebuilt binaries (``prebuilt.py``), cache archives
+(``extension/``), prebuilt binaries (``prebuilt.py``), cache archives
 (``engine/archive.py``), and ``opforge doctor``:
 
 * :func:`stable_abi`: a binary on the LibTorch stable ABI runs on its target torch and

@@ -89,5 +89,18 @@ def library_decision(name: str, namespace: str, sources: list[str], header_dirs:
         f"ops with torch, but a compiled Extension's ops are found as torch.ops.{namespace}.<op>, so none would be "
         f"after its build. Register them instead: TORCH_LIBRARY({namespace}, m) {{ m.def(\"f(Tensor x) -> Tensor\"); }} "
         f"and TORCH_LIBRARY_IMPL({namespace}, CPU, m) {{ m.impl(\"f\", &f); }} (docs/migrating.md shows it), or load "
-        f"the module as it is with opforge.load({name!r}, sources)"
+        f"the module as it is: set `python_module = True` on the extension (its functions are then the loaded "
+        f"kernel's), or call opforge.load({name!r}, sources)"
+    )
+
+
+def module_decision(name: str, sources: list[str]) -> Decision:
+    """Can these sources be an extension declared ``python_module = True``: does one of them define
+    the module (``PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)``)? Read before a build."""
+    if scan(sources).python_module:
+        return Accepted()
+    return Rejected(
+        f"{name} is declared a Python module (python_module = True), but none of its sources defines one: add "
+        f"PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{ m.def(\"f\", &f); }} to a source, or drop python_module if the "
+        "sources register torch ops (TORCH_LIBRARY)"
     )
