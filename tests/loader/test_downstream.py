@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import sysconfig
 import zipfile
 
 import pytest
 from conftest import ROOT
+from wheels import build_wheel, fresh_venv, run_in
 
 EXAMPLE = os.path.join(ROOT, "examples", "downstream_pkg")
 CODE = """
@@ -35,44 +34,7 @@ print(json.dumps({"name": k.name, "origin": k.origin,
 
 
 def wheel(tmp, build: str):
-    src = tmp / "src"
-    shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", "*.so",
-                                                                  "build_info.json"))
-    env = {**os.environ, "MYOPS_BUILD": build, "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    run = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w",
-                          str(tmp / "wheels"), str(src)], env=env, capture_output=True, text=True, timeout=600,
-                         check=False)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    (found,) = (tmp / "wheels").glob("myops-*.whl")
-    return found, run.stdout + run.stderr
-
-
-def fresh_venv(tmp, wheel_path):
-    """A venv with the wheel installed; torch, opforge (this checkout) and their dependencies
-    come from this interpreter's paths, after the venv's own site-packages."""
-    venv = tmp / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    py = venv / "bin" / "python"
-    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    run = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index", "-q",
-                          str(wheel_path)], capture_output=True, text=True, check=False)
-    assert run.returncode == 0, run.stderr
-    deps = [ROOT] + [p for p in sys.path if p and os.path.isdir(p) and not os.path.samefile(p, ROOT)]
-    with open(os.path.join(site, "zz_deps.pth"), "w") as f:
-        f.write("\n".join(deps + [sysconfig.get_paths()["purelib"]]) + "\n")
-    return py
-
-
-def run_in(py, tmp, code=CODE, compiler=True, args=()):
-    env = {"PATH": str(py.parent) + (os.pathsep + os.environ["PATH"] if compiler else ""),
-           "OPFORGE_CACHE_DIR": str(tmp / "cache"), "HOME": str(tmp), "OPFORGE_CCACHE": "0"}
-    if not compiler:
-        env.update(CXX="/nonexistent/c++", CC="/nonexistent/cc")
-    argv = [str(py), "-c", code] if code else [str(py), *args]
-    out = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=str(tmp), timeout=300, check=False)
-    assert out.returncode == 0, out.stdout + out.stderr
-    return out.stdout
+    return build_wheel(EXAMPLE, tmp, {"MYOPS_BUILD": build})
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +65,7 @@ def test_aot_wheel_carries_the_binary_and_its_record(aot):
 
 def test_aot_loads_prebuilt_with_no_compiler(aot):
     tmp, _, _, py = aot
-    got = json.loads(run_in(py, tmp, compiler=False).splitlines()[-1])
+    got = json.loads(run_in(py, tmp, CODE, compiler=False).splitlines()[-1])
     assert got == {"name": "myops_scale_add_cpp", "origin": "prebuilt", "cached": []}
 
 
@@ -111,15 +73,15 @@ def test_plain_wheel_builds_just_in_time_then_imports_from_the_cache(plain):
     tmp, whl, _, py = plain
     with zipfile.ZipFile(whl) as z:
         assert not [n for n in z.namelist() if n.endswith(".so")]
-    first = json.loads(run_in(py, tmp).splitlines()[-1])
+    first = json.loads(run_in(py, tmp, CODE).splitlines()[-1])
     assert first == {"name": "myops_scale_add_cpp", "origin": "built", "cached": ["myops_scale_add_cpp"]}
-    second = json.loads(run_in(py, tmp, compiler=False).splitlines()[-1])
+    second = json.loads(run_in(py, tmp, CODE, compiler=False).splitlines()[-1])
     assert second["origin"] == "cached" and second["name"] == "myops_scale_add_cpp"
 
 
 def test_plain_wheel_with_no_compiler_runs_the_torch_fallback(plain, tmp_path):
     _, _, _, py = plain
-    got = json.loads(run_in(py, tmp_path, compiler=False).splitlines()[-1])
+    got = json.loads(run_in(py, tmp_path, CODE, compiler=False).splitlines()[-1])
     assert got == {"name": "myops_scale_add_torch", "origin": "python", "cached": []}
 
 

@@ -1,0 +1,57 @@
+"""Example packages built as wheels and installed into fresh venvs, as a user's machine would have
+them (tests/loader/test_downstream.py, tests/clients/test_ds_example.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+
+from conftest import ROOT
+
+
+def build_wheel(example: str, tmp, env: dict, timeout: float = 900):
+    """``pip wheel`` of a copy of the ``example`` directory (less what a build left there) with
+    ``env`` added; returns (wheel, log)."""
+    src = tmp / "src"
+    shutil.copytree(example, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", "*.so",
+                                                                  "build_info.json"))
+    full = {**os.environ, **env, "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    run = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w",
+                          str(tmp / "wheels"), str(src)], env=full, capture_output=True, text=True, timeout=timeout,
+                         check=False)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (found,) = (tmp / "wheels").glob("*.whl")
+    return found, run.stdout + run.stderr
+
+
+def fresh_venv(tmp, wheel_path):
+    """A venv with the wheel installed; torch, opforge (this checkout) and their dependencies
+    come from this interpreter's paths, after the venv's own site-packages."""
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    run = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index", "-q",
+                          str(wheel_path)], capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    deps = [ROOT] + [p for p in sys.path if p and os.path.isdir(p) and not os.path.samefile(p, ROOT)]
+    with open(os.path.join(site, "zz_deps.pth"), "w") as f:
+        f.write("\n".join(deps + [sysconfig.get_paths()["purelib"]]) + "\n")
+    return py
+
+
+def run_in(py, tmp, code: str | None, compiler: bool = True, args=(), timeout: float = 600) -> str:
+    """Run ``code`` (or ``python args``) with the venv's interpreter, its own cache dir under ``tmp``;
+    ``compiler=False`` points CXX at nothing."""
+    env = {"PATH": str(py.parent) + (os.pathsep + os.environ["PATH"] if compiler else ""),
+           "OPFORGE_CACHE_DIR": str(tmp / "cache"), "HOME": str(tmp), "OPFORGE_CCACHE": "0"}
+    if not compiler:
+        env.update(CXX="/nonexistent/c++", CC="/nonexistent/cc")
+    argv = [str(py), "-c", code] if code else [str(py), *args]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=str(tmp), timeout=timeout, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
