@@ -7,6 +7,7 @@ VPY    := $(VENV)/bin/python
 STAMP  := $(VENV)/.opforge-installed
 CLIENTS := $(VENV)/.opforge-clients
 DEEPSPEED_SPEC ?= deepspeed==0.19.8
+COLOSSALAI_SPEC ?= colossalai==0.5.0
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?= -q -m 'not slow' --durations=15
 
@@ -30,6 +31,7 @@ demo: $(STAMP)
 $(CLIENTS): $(STAMP)
 	$(VPY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-pin.txt
 	DS_BUILD_OPS=0 $(VPY) -m pip install -q --no-build-isolation -c $(VENV)/torch-pin.txt "$(DEEPSPEED_SPEC)"
+	$(VPY) -m pip download -q --no-deps --no-binary :all: -d $(VENV)/clients "$(COLOSSALAI_SPEC)"
 	@touch $(CLIENTS)
 
 test: $(STAMP) $(CLIENTS)

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from . import checks
+from . import adopt, checks
 from . import prebuilt as prebuilt_mod
 from . import settings as settings_mod
 from .decision import Accepted, Decision, Rejected, first_rejection
@@ -136,10 +136,15 @@ class KernelLoader:
 
     @classmethod
     def register_extension(cls, ext_cls):
-        """Add an implementation of this kind; usable as ``@Loader.register_extension``."""
+        """Add an implementation of this kind; usable as ``@Loader.register_extension``. A class written
+        the ColossalAI way (``sources_files()``, ``cxx_flags()``, ...) is adopted (``opforge/adopt.py``)."""
+        if adopt.is_adoptable(ext_cls):
+            for made in adopt.adopt(ext_cls, cls.kind):
+                cls.register_extension(made)
+            return ext_cls
         if not (isinstance(ext_cls, type) and issubclass(ext_cls, Extension)):
-            raise TypeError(f"{cls.__name__}.register_extension takes a subclass of opforge.Extension, "
-                            f"not {ext_cls!r}")
+            raise TypeError(f"{cls.__name__}.register_extension takes a subclass of opforge.Extension, or a class "
+                            f"written the ColossalAI way (with sources_files() and cxx_flags()), not {ext_cls!r}")
         if not ext_cls.kind:
             ext_cls.kind = cls.kind
         if ext_cls.kind != cls.kind:

@@ -19,7 +19,7 @@ import json
 import os
 import sys
 
-from .. import __version__, registry
+from .. import __version__, adopt, registry
 from .. import prebuilt as prebuilt_mod
 from .. import settings as settings_mod
 from ..platform import Platform
@@ -76,6 +76,7 @@ def candidate_json(c) -> dict:
         "state": c.status.state if c.status is not None else None,
         "note": c.status.note if c.status is not None else "",
         "chosen": c.chosen,
+        "adopted_from": adopt.describe(ext),
     }
 
 
@@ -146,8 +147,12 @@ def candidate_detail(c: dict) -> str:
     """Why it was rejected (each failing check), else the accepted reason and any note."""
     if not c["accepted"]:
         why = [c[k + "_reason"] for k in ("available", "compatible") if not c[k] and c[k + "_reason"]]
-        return "; ".join(why) or c["reason"]
-    return "; ".join(x for x in (c["note"], c["reason"]) if x)
+        detail = "; ".join(why) or c["reason"]
+    else:
+        detail = "; ".join(x for x in (c["note"], c["reason"]) if x)
+    if c.get("adopted_from"):
+        detail = "; ".join(x for x in (f"adopted from {c['adopted_from']}", detail) if x)
+    return detail
 
 
 def _tool(t: dict | None, missing: str = "not found") -> str:

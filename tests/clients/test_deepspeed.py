@@ -2,7 +2,7 @@
 ``torch.utils.cpp_extension.load``), unchanged, under ``opforge.patch_torch()``.
 
 DeepSpeed is installed by ``make test`` (``DS_BUILD_OPS=0``: no op prebuilt); without it these tests
-skip, unless ``OPFORGE_TEST_REQUIRE_DEEPSPEED=1`` (``.ci/run``) makes that a failure.
+skip, unless ``OPFORGE_TEST_REQUIRE_CLIENTS=1`` (``.ci/run``) makes that a failure.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import ROOT, CompilerLog, kill_session, run_python
 
-if os.environ.get("OPFORGE_TEST_REQUIRE_DEEPSPEED") == "1":
+if os.environ.get("OPFORGE_TEST_REQUIRE_CLIENTS") == "1":
     import deepspeed  # noqa: F401  (CI: a missing DeepSpeed is a failure, not a skip)
 else:
     pytest.importorskip("deepspeed")

@@ -4,7 +4,7 @@ JIT otherwise, reported, and checked against torch's AdamW and the package's pur
 
 One variant is prebuilt (the best this CPU runs) to keep the suite's time: every variant builds the
 same two DeepSpeed sources with other ``-m`` flags. DeepSpeed must be installed (``make test`` does
-it); without it these tests skip, unless ``OPFORGE_TEST_REQUIRE_DEEPSPEED=1`` (``.ci/run``)."""
+it); without it these tests skip, unless ``OPFORGE_TEST_REQUIRE_CLIENTS=1`` (``.ci/run``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT
 from wheels import build_wheel, fresh_venv, run_in
 
-if os.environ.get("OPFORGE_TEST_REQUIRE_DEEPSPEED") != "1":
+if os.environ.get("OPFORGE_TEST_REQUIRE_CLIENTS") != "1":
     pytest.importorskip("deepspeed")
 
 EXAMPLE = os.path.join(ROOT, "examples", "ds_cpu_adam")
