@@ -42,7 +42,8 @@ class Settings:
     compiler's default), ``default``, or one of ``mold``, ``lld``, ``gold``, ``bfd`` (passed as
     ``-fuse-ld=``). The linker doesn't change what a binary does, so it is not part of the key."""
     pch: bool
-    """``OPFORGE_PCH``: precompile ``torch/extension.h`` once and share it (GCC; off by default)."""
+    """``OPFORGE_PCH``: precompile ``torch/extension.h`` once per compiler and flags, and share it (GCC; on
+    unless ``0``)."""
     cxx: str | None
     """``CXX``: the C++ compiler, as in torch (default ``c++``)."""
     cc: str | None
@@ -186,7 +187,7 @@ def current(env: Mapping[str, str] | None = None) -> Settings:
         max_jobs=_max_jobs(env.get("MAX_JOBS")),
         ccache="0" if env.get("TORCH_NO_COMPILER_WRAPPER") else (env.get("OPFORGE_CCACHE") or "auto").strip(),
         linker=_linker(env.get("OPFORGE_LINKER")),
-        pch=_flag(env.get("OPFORGE_PCH")),
+        pch=(env.get("OPFORGE_PCH") or "1").strip().lower() not in ("0", "false", "no", "off"),
         cxx=env.get("CXX") or None,
         cc=env.get("CC") or None,
         cuda_home=env.get("CUDA_HOME") or env.get("CUDA_PATH") or None,

@@ -40,6 +40,11 @@ hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # test_block_sparse_calls_cuda.py).
 os.environ.setdefault("OPFORGE_TRITON_TUNING", "off")
 
+# The precompiled torch/extension.h (on by default) costs a plain compile's time once per compiler
+# and flag set; the suite builds with dozens of flag sets, each once or twice, so it would only
+# add time. Off here, on in the tests of it (tests/engine/test_pch.py, test_load.py's PCH tests).
+os.environ.setdefault("OPFORGE_PCH", "0")
+
 
 def pymod_source(name: str, value: int = 1, extra: str = "") -> str:
     """C++ source of a Python module ``name`` whose ``value()`` returns ``value``."""

@@ -48,7 +48,8 @@ def run_in(py, tmp, code: str | None, compiler: bool = True, args=(), timeout: f
     """Run ``code`` (or ``python args``) with the venv's interpreter, its own cache dir under ``tmp``;
     ``compiler=False`` points CXX at nothing."""
     env = {"PATH": str(py.parent) + (os.pathsep + os.environ["PATH"] if compiler else ""),
-           "OPFORGE_CACHE_DIR": str(tmp / "cache"), "HOME": str(tmp), "OPFORGE_CCACHE": "0"}
+           "OPFORGE_CACHE_DIR": str(tmp / "cache"), "HOME": str(tmp), "OPFORGE_CCACHE": "0",
+           "OPFORGE_PCH": os.environ.get("OPFORGE_PCH", "0")}
     if not compiler:
         env.update(CXX="/nonexistent/c++", CC="/nonexistent/cc")
     argv = [str(py), "-c", code] if code else [str(py), *args]

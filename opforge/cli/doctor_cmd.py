@@ -178,19 +178,24 @@ def check_cache(settings: settings_mod.Settings) -> Check:
                            f"{'s' if len(kernel_dirs) != 1 else ''})")
 
 
-def check_prebuilt(pb: prebuilt_mod.Prebuilt, platform: Platform) -> list[Check]:
-    """Each prebuilt kernel: present and intact (fail), and usable under this torch (warn)."""
+def check_prebuilt(pb: prebuilt_mod.Prebuilt, platform: Platform, package: str = prebuilt_mod.PACKAGE) -> list[Check]:
+    """Each prebuilt kernel of ``package`` (opforge's own, or another package's ``<pkg>._C``): present
+    and intact (fail), and usable under this torch (warn)."""
     from ..engine.key import sha256_file
 
+    ours = package == prebuilt_mod.PACKAGE
+    where = "" if ours else f" of {package}"
     if not pb.names:
-        return [Check("prebuilt kernels", OK, f"none in {pb.directory} (kernels are built just in time)")]
+        return [Check(f"prebuilt kernels{where}", OK, f"none in {pb.directory} (kernels are built just in time)")]
     out = []
     for name in pb.names:
         entry = pb.entry(name) or {}
-        label = f"prebuilt {name}"
+        label = f"prebuilt {name}{where}"
         kind = entry.get("kind") or name
+        top = package.split(".")[0]
         reinstall = (f"reinstall with OPFORGE_BUILD={kind} "
-                     f"(from opforge's source: `OPFORGE_BUILD={kind} pip install --no-build-isolation .`)")
+                     f"(from opforge's source: `OPFORGE_BUILD={kind} pip install --no-build-isolation .`)" if ours else
+                     f"reinstall {top} with its kernels prebuilt (its build variable, see {top}'s docs)")
         path = pb.path(name)
         try:
             digest = sha256_file(path)
@@ -298,6 +303,8 @@ def run_checks(platform: Platform, settings: settings_mod.Settings, prebuilt: pr
     cache_check = check_cache(settings)
     checks.append(cache_check)
     checks += check_prebuilt(prebuilt, platform)
+    for package in other_packages():  # the kernels other packages prebuilt (their opforge.kernels entry points)
+        checks += check_prebuilt(prebuilt_mod.for_package(package), platform, package)
     if build:
         if cache_check.status == FAIL:
             checks.append(Check("trial build", WARN, "skipped: the cache directory is unusable (see above)",
@@ -305,6 +312,14 @@ def run_checks(platform: Platform, settings: settings_mod.Settings, prebuilt: pr
         else:
             checks.append(check_trial_build(platform, settings, prebuilt))
     return checks
+
+
+def other_packages() -> list[str]:
+    """The packages other than opforge that the registered extensions are prebuilt into."""
+    from .. import registry
+
+    found = {e.aot_package for cls in registry.loaders().values() for e in cls.extensions()}
+    return sorted(found - {prebuilt_mod.PACKAGE})
 
 
 def report(checks: list[Check]) -> dict:

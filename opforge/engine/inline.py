@@ -39,8 +39,8 @@ def load_inline(
     """Like ``torch.utils.cpp_extension.load_inline``: sources as strings, optional
     pybind11 bindings generated for ``functions``. The generated files live in a
     content-addressed directory of the cache (or in ``build_directory``). torch's parameters,
-    in torch's order; ``use_pch=True`` precompiles ``torch/extension.h`` as ``OPFORGE_PCH=1``
-    does (shared by every build that includes it first); SYCL sources are not built (an error)."""
+    in torch's order; ``use_pch=True`` precompiles ``torch/extension.h`` even where ``OPFORGE_PCH=0``
+    turns that default off (shared by every build with the same compiler and flags); SYCL sources are not built (an error)."""
     check_name(name)
     check_no_sycl(name, extra_sycl_cflags, with_sycl, sycl_sources)
     s = settings_mod.current()

@@ -273,8 +273,8 @@ def _compile_and_publish(layout: Layout, spec: BuildSpec, s: settings_mod.Settin
     if s.pch:
         from . import pch
 
-        pch_sources = frozenset(src for src in spec.sources
-                                if not (spec.with_cuda and is_cuda_file(src)) and pch.first_include(src) == pch.HEADER)
+        pch_sources = frozenset(src for src in spec.sources if not (spec.with_cuda and is_cuda_file(src))
+                                and pch.eligible(src, spec.extra_include_paths))
         if pch_sources:
             pch_header = pch.ensure(layout.root, cxx, cxx_argv, flags.cflags, s.lock_timeout, reporter)
     objects = compile_mod.write_ninja(os.path.join(build_dir, compile_mod.NINJA_FILE), spec, flags, cxx_argv,

@@ -113,6 +113,13 @@ def test_the_report_lists_the_variants_with_their_verdicts(aot):
     assert states[best_variant()] == "prebuilt" and states["dsadam_cpu_adam_torch"] == "ready"
 
 
+def test_doctor_checks_the_packages_prebuilt_binary(aot):
+    tmp, _, _, py = aot
+    doctor = json.loads(run_in(py, tmp, None, args=("-m", "opforge.cli", "doctor", "--no-build", "--json")))
+    (check,) = [c for c in doctor["checks"] if c["name"] == f"prebuilt {best_variant()} of dsadam._C"]
+    assert check["status"] == "ok", check
+
+
 def test_plain_wheel_builds_just_in_time_then_loads_from_the_cache_identically(aot, plain):
     tmp, whl, _, py = plain
     with zipfile.ZipFile(whl) as z:

@@ -199,24 +199,29 @@ def test_max_jobs_is_handed_to_ninja(cache_dir, make_pymod, monkeypatch):
     assert ninja_runs and ninja_runs[0][-2:] == ["-j", "1"]
 
 
-def test_shared_precompiled_torch_header(shared_cache, monkeypatch, tmp_path):
-    """OPFORGE_PCH=1: torch/extension.h is precompiled once and -include'd by each such source."""
+def test_shared_precompiled_torch_header(shared_cache, monkeypatch, tmp_path, capfd):
+    """The PCH (on by default; the suite turns it off, this test on): torch/extension.h is precompiled
+    once and -include'd by each such source."""
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(shared_cache))
     monkeypatch.setenv("OPFORGE_PCH", "1")
+    had_pch = (shared_cache / ".pch").is_dir()
+    # The second reaches torch/extension.h through a local header that defines a Windows-only macro
+    # first, as DeepSpeed's cpu_adam.cpp does (cpu_adam.h: NOMINMAX): the same meaning, so it qualifies.
+    (tmp_path / "local.h").write_text("#pragma once\n#define NOMINMAX\n#include <stdio.h>\n#include <torch/extension.h>\n")
+    firsts = ["// a comment first, as real files have\n#include <torch/extension.h>\n", '#include "local.h"\n']
     mods = []
-    for i, scale in enumerate((2, 3)):
+    for i, (scale, first) in enumerate(zip((2, 3), firsts)):
         src = tmp_path / f"pch_ext{i}.cpp"
-        src.write_text(
-            "// a comment first, as real files have\n#include <torch/extension.h>\n"
-            f"torch::Tensor f(torch::Tensor x) {{ return x * {scale}; }}\n"
-            'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("f", &f); }\n'
-        )
+        src.write_text(first + f"torch::Tensor f(torch::Tensor x) {{ return x * {scale}; }}\n"
+                       'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("f", &f); }\n')
         mods.append(opforge.load(f"pch_ext{i}", [str(src)], extra_cflags=["-O1"]))
     x = torch.randn(6)
     torch.testing.assert_close(mods[0].f(x), x * 2)
     torch.testing.assert_close(mods[1].f(x), x * 3)
     (pch_dir,) = [p for p in (shared_cache / ".pch").iterdir() if p.is_dir() and not p.name.startswith(".")]
     assert (pch_dir / "torch_extension.h.gch").stat().st_size > 0
+    if not had_pch:  # the one-time cost is said, with where the PCH went
+        assert "opforge: precompiled torch/extension.h in " in capfd.readouterr().err
     for i in range(2):
         (build,) = [p for p in (shared_cache / f"pch_ext{i}").glob(".build-*") if p.is_dir()]
         assert f"-include {pch_dir / 'torch_extension.h'}" in (build / "build.log").read_text()
@@ -247,11 +252,11 @@ def test_sycl_arguments_say_they_are_not_built(cache_dir):
 
 
 def test_load_inline_use_pch_uses_the_shared_header(shared_cache, monkeypatch):
-    """use_pch=True with OPFORGE_PCH unset: the header is precompiled (or, after
+    """use_pch=True with OPFORGE_PCH=0: the header is precompiled (or, after
     test_shared_precompiled_torch_header in the same session, the one it made with these flags is
     reused: one PCH per test run) and -include'd."""
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(shared_cache))
-    monkeypatch.delenv("OPFORGE_PCH", raising=False)
+    monkeypatch.setenv("OPFORGE_PCH", "0")
     mod = opforge.load_inline("pch_inline", "int seven() { return 7; }", functions=["seven"], use_pch=True,
                               extra_cflags=["-O1"])
     assert mod.seven() == 7

@@ -1,0 +1,90 @@
+"""The shared precompiled torch/extension.h: which sources may use it (``pch.eligible``, read from
+their text), the setting (on unless 0), and the silent fallbacks (another compiler, a PCH that
+fails to build). The real PCH build and its use are in test_load.py (one per test session)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from opforge import settings
+from opforge.engine import pch
+from opforge.engine.progress import Reporter
+from opforge.engine.toolchain import Tool
+
+TORCH = "#include <torch/extension.h>\n"
+
+
+def tree(tmp_path, files: dict[str, str]):
+    for rel, text in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize("text, ok", [
+    (TORCH, True),
+    ("// Copyright\n/* a\n   block */\n\n" + TORCH, True),
+    ("#include <stdio.h>\n#include <vector>\n" + TORCH, True),  # system headers: read again later as no-ops
+    ("#pragma once\n#define NOMINMAX  // Windows only\n" + TORCH, True),
+    ("#define TORCH_ASSERT_ONLY_METHOD_OPERATORS\n" + TORCH, False),  # changes what ATen's headers declare
+    ("#define _GLIBCXX_USE_CXX11_ABI 0\n" + TORCH, False),
+    ("#ifdef __AVX2__\n#include <immintrin.h>\n#endif\n" + TORCH, False),
+    ("int x = 1;\n" + TORCH, False),
+    ("#include <ATen/ATen.h>\n", False),  # never reaches torch/extension.h
+    ("", False),
+])
+def test_a_source_qualifies_when_nothing_before_the_header_can_change_it(tmp_path, text, ok):
+    src = tree(tmp_path, {"a.cpp": text}) / "a.cpp"
+    assert pch.eligible(str(src)) is ok
+
+
+def test_local_headers_are_followed_beside_the_file_and_in_the_include_dirs(tmp_path):
+    tree(tmp_path, {
+        "csrc/adam/cpu_adam.cpp": '// DeepSpeed\'s layout\n#include "cpu_adam.h"\nint f();\n',
+        "csrc/includes/cpu_adam.h": "#pragma once\n#define NOMINMAX\n#include <stdio.h>\n" + TORCH,
+        "guarded.cpp": '#include "guard.h"\n' + TORCH,
+        "guard.h": "#ifndef GUARD_H\n#define GUARD_H\n#include <cstdint>\n#endif\n",  # ends harmlessly: go on
+        "code.cpp": '#include "code.h"\n' + TORCH,
+        "code.h": "#pragma once\nstruct S {};\n",
+        "loop.cpp": '#include "loop.h"\n',
+        "loop.h": '#pragma once\n#include "loop.h"\n',
+    })
+    src = tmp_path / "csrc" / "adam" / "cpu_adam.cpp"
+    assert pch.eligible(str(src), [str(tmp_path / "csrc" / "includes")])
+    assert not pch.eligible(str(src))  # cpu_adam.h not found: no
+    assert pch.eligible(str(tmp_path / "guarded.cpp"))
+    assert not pch.eligible(str(tmp_path / "code.cpp"))
+    assert not pch.eligible(str(tmp_path / "loop.cpp"))
+
+
+@pytest.mark.parametrize("value, on", [(None, True), ("", True), ("1", True), ("0", False), ("off", False),
+                                       ("false", False)])
+def test_the_pch_is_on_unless_turned_off(value, on):
+    env = {} if value is None else {"OPFORGE_PCH": value}
+    assert settings.current(env).pch is on
+
+
+def _fake_compiler(tmp_path, defines: str, header_rc: int) -> list[str]:
+    script = tmp_path / "fakecxx"
+    script.write_text("#!/bin/sh\n"
+                      f'case " $* " in *" -dM "*) printf \'{defines}\\n\'; exit 0;; esac\n'
+                      f"echo 'fatal: no PCH for you' >&2; exit {header_rc}\n")
+    script.chmod(0o755)
+    return [str(script)]
+
+
+def test_another_compiler_builds_without_it_silently(tmp_path, capfd):
+    argv = _fake_compiler(tmp_path, "#define __GNUC__ 4\\n#define __clang__ 1", 0)
+    assert pch.ensure(str(tmp_path / "cache"), Tool(tuple(argv), argv[0], 1, 1), argv, ("-O2",), 10, Reporter(False)) is None
+    assert capfd.readouterr().err == "" and not (tmp_path / "cache").exists()
+
+
+def test_a_pch_that_fails_to_build_is_skipped_silently_and_leaves_nothing(tmp_path, capfd):
+    argv = _fake_compiler(tmp_path, "#define __GNUC__ 12", 1)
+    root = tmp_path / "cache"
+    assert pch.ensure(str(root), Tool(tuple(argv), argv[0], 2, 2), argv, ("-O2",), 10, Reporter(False)) is None
+    assert capfd.readouterr().err == ""
+    assert [n for n in os.listdir(root / ".pch") if not n.endswith((".lock", ".holder"))] == []
