@@ -99,6 +99,21 @@ class Settings:
     opforge from ``import opforge`` on, for every library that calls them (``opforge.patch_torch()``
     does it in code; ``opforge/patch.py``)."""
 
+    remote_cache: str | None = None
+    """``OPFORGE_REMOTE_CACHE``: an fsspec URL (``s3://bucket/opforge``, ``webdav://host/opforge``,
+    ``file:///nfs/opforge``) looked up after a local miss, before compiling (``engine/remote.py``)."""
+    remote_push: bool = False
+    """``OPFORGE_REMOTE_PUSH``: ``1`` uploads each entry this process builds to the remote cache."""
+    remote_timeout: float = 10.0
+    """``OPFORGE_REMOTE_TIMEOUT``: seconds a remote lookup and download may take; past it the store
+    counts as dead for the rest of the process and the build goes on locally."""
+    signing_key: str | None = None
+    """``OPFORGE_SIGNING_KEY``: an ed25519 secret key file (``opforge cache keygen``) that signs pushed entries."""
+    trusted_keys: tuple[str, ...] = ()
+    """``OPFORGE_TRUSTED_KEYS``: public key files, comma-separated: pulled entries must be signed by one."""
+    remote_allow_unsigned: bool = False
+    """``OPFORGE_REMOTE_ALLOW_UNSIGNED``: ``1`` accepts unsigned remote entries (every other check still runs)."""
+
     def build_env(self) -> tuple[tuple[str, str], ...]:
         """The variables that change a binary, as (name, value) pairs for the build key."""
         values = {
@@ -188,6 +203,12 @@ def current(env: Mapping[str, str] | None = None) -> Settings:
         ccache="0" if env.get("TORCH_NO_COMPILER_WRAPPER") else (env.get("OPFORGE_CCACHE") or "auto").strip(),
         linker=_linker(env.get("OPFORGE_LINKER")),
         pch=(env.get("OPFORGE_PCH") or "1").strip().lower() not in ("0", "false", "no", "off"),
+        remote_cache=(env.get("OPFORGE_REMOTE_CACHE") or "").strip() or None,
+        remote_push=_flag(env.get("OPFORGE_REMOTE_PUSH")),
+        remote_timeout=_float(env, "OPFORGE_REMOTE_TIMEOUT", 10.0),
+        signing_key=(env.get("OPFORGE_SIGNING_KEY") or "").strip() or None,
+        trusted_keys=tuple(p.strip() for p in (env.get("OPFORGE_TRUSTED_KEYS") or "").split(",") if p.strip()),
+        remote_allow_unsigned=_flag(env.get("OPFORGE_REMOTE_ALLOW_UNSIGNED")),
         cxx=env.get("CXX") or None,
         cc=env.get("CC") or None,
         cuda_home=env.get("CUDA_HOME") or env.get("CUDA_PATH") or None,

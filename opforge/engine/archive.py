@@ -138,14 +138,16 @@ def _tarinfo(arcname: str, size: int, mode: int = 0o644) -> tarfile.TarInfo:
 
 
 def export(path: str, names: list[str] | None = None, root: str | None = None,
-           here: Here | None = None) -> list[Outcome]:
-    """Pack every entry that fits this machine (optionally only these extensions) into ``path``.
-    The archive is written beside ``path`` and renamed onto it when complete."""
+           here: Here | None = None, entries: set[str] | None = None, extra: dict[str, bytes] | None = None
+           ) -> list[Outcome]:
+    """Pack every entry that fits this machine (optionally only these extensions, or these entry
+    directories) into ``path``, with ``extra`` members beside the index (a remote entry's
+    signature). The archive is written beside ``path`` and renamed onto it when complete."""
     root = root or settings_mod.current().cache_dir
     here = here or Here.detect()
     outcomes, chosen = [], []
     for row in inventory.entries(root):
-        if names and row.name not in names:
+        if (names and row.name not in names) or (entries is not None and row.path not in entries):
             continue
         entry_name = os.path.basename(row.path)
         m = cache.read_manifest(row.path)
@@ -180,6 +182,8 @@ def export(path: str, names: list[str] | None = None, root: str | None = None,
         with tarfile.open(tmp, mode) as tar:
             blob = json.dumps(index, indent=1, sort_keys=True).encode()
             tar.addfile(_tarinfo(INDEX, len(blob)), io.BytesIO(blob))
+            for arcname, data in (extra or {}).items():
+                tar.addfile(_tarinfo(arcname, len(data)), io.BytesIO(data))
             for n, e, _, files in chosen:  # entries are immutable: what was hashed is what is packed
                 for fname, (fpath, size, _) in files.items():
                     with open(fpath, "rb") as f:

@@ -84,6 +84,8 @@ def load_spec(spec: BuildSpec, s: settings_mod.Settings, build_directory: str | 
     moment ago, as a loader's status holds it), else the cache's entry, else a fresh build."""
     layout = Layout(s.cache_dir)
     entry = found if found is not None else find_entry(layout, spec, reporter)
+    if entry is None and s.remote_cache:
+        entry = _from_remote(layout, spec, s, reporter)
     bad: list[str] = []
     if entry is not None:
         result = _import(entry, spec, reporter)
@@ -100,7 +102,17 @@ def load_spec(spec: BuildSpec, s: settings_mod.Settings, build_directory: str | 
 def ensure_built(spec: BuildSpec, s: settings_mod.Settings, reporter: Reporter) -> Entry:
     """Build into the cache unless a valid entry is there already; load nothing."""
     layout = Layout(s.cache_dir)
-    return find_entry(layout, spec, reporter) or _build(layout, spec, s, None, reporter, [])
+    entry = find_entry(layout, spec, reporter)
+    if entry is None and s.remote_cache:
+        entry = _from_remote(layout, spec, s, reporter)
+    return entry or _build(layout, spec, s, None, reporter, [])
+
+
+def _from_remote(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, reporter: Reporter) -> Entry | None:
+    """The remote cache's entry for ``spec``, pulled, verified and published locally (``remote.py``)."""
+    from . import remote
+
+    return remote.fetch(layout, spec, s, reporter, lambda: find_entry(layout, spec, reporter))
 
 
 def find_entry(layout: Layout, spec: BuildSpec, reporter: Reporter, corrupt: list | None = None) -> Entry | None:
@@ -233,6 +245,10 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
         except OSError as exc:  # writing the build files (a full disk, a read-only cache)
             raise cache.write_error(f"build {spec.name}", build_dir, layout.root, exc) from exc
         failures.forget(failed)  # an earlier failure of these inputs is history now
+        if s.remote_cache and s.remote_push:
+            from . import remote
+
+            remote.push(entry, s, reporter)
         return entry
 
 
