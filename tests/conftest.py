@@ -213,3 +213,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+# The remote cache's stores and nodes (tests/remote, tests/faults/test_remote_faults.py): fixtures
+# that start a WebDAV server, a silent one, moto's S3 server, and make signing keys.
+from remote_store import keys, s3, silent_server, source, webdav  # noqa: E402,F401

@@ -1,4 +1,4 @@
-"""``opforge cache list | clean | verify | export | import``.
+"""``opforge cache list | clean | verify | export | import`` (and ``push | pull | keygen``: ``remote_cmd.py``).
 
 Tables are rich on a terminal and plain full-width text otherwise (``output.table``); ``--json``
 prints JSON. ``list`` shows the entries, then what builds leave around them (build dirs, failed
@@ -15,7 +15,7 @@ import sys
 from .. import settings as settings_mod
 from ..engine import inventory
 from ..engine.key import check_name
-from . import output
+from . import output, remote_cmd
 
 
 def add_parser(sub) -> None:
@@ -24,6 +24,7 @@ def add_parser(sub) -> None:
 
     ls = csub.add_parser("list", help="every cached build: name, key, size, age, torch version")
     ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ls.add_argument("--remote", action="store_true", help="what the remote cache (OPFORGE_REMOTE_CACHE) holds")
     ls.set_defaults(func=cmd_list)
 
     cl = csub.add_parser("clean", help="remove cached builds and leftovers (all, one extension's, or old ones)")
@@ -47,6 +48,7 @@ def add_parser(sub) -> None:
     im.add_argument("--dry-run", action="store_true", help="say what would be imported, write nothing")
     im.add_argument("--json", action="store_true", help="print JSON instead of a table")
     im.set_defaults(func=cmd_import)
+    remote_cmd.add_actions(csub)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
@@ -61,14 +63,6 @@ def _days(text: str) -> float:
     return days
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def _age(days: float) -> str:
     if days < 1 / 24:
         return f"{days * 1440:.0f} min"
@@ -79,19 +73,21 @@ def _age(days: float) -> str:
 
 def _entries_table(rows, title: str, with_status: bool) -> None:
     columns = ["name", "key", "size", "age", "torch", "kind"] + (["status"] if with_status else [])
-    cells = [[r.name, r.key, _size(r.size), _age(r.age_days), r.torch, r.kind] + ([r.status] if with_status else [])
+    cells = [[r.name, r.key, output.size(r.size), _age(r.age_days), r.torch, r.kind] + ([r.status] if with_status else [])
              for r in rows]
     styles = [None if not with_status or r.status == "ok" else "red" for r in rows]
     output.table(title, columns, cells, right=("size", "age"), styles=styles)
 
 
 def _leftovers_table(items, title: str) -> None:
-    cells = [[i.name or "-", i.what, _size(i.size), _age(i.age_days), "in use" if i.in_use else "", i.path, i.detail]
+    cells = [[i.name or "-", i.what, output.size(i.size), _age(i.age_days), "in use" if i.in_use else "", i.path, i.detail]
              for i in items]
     output.table(title, ["name", "what", "size", "age", "", "path", "detail"], cells, right=("size", "age"))
 
 
 def cmd_list(args) -> int:
+    if args.remote:
+        return remote_cmd.cmd_list_remote(args)
     root = settings_mod.current().cache_dir
     rows = inventory.entries(root)
     extra = inventory.leftovers(root)
@@ -106,7 +102,7 @@ def cmd_list(args) -> int:
         _entries_table(rows, f"opforge cache: {root}", with_status=False)
     if extra:
         print()
-        _leftovers_table(extra, f"beside them ({_size(sum(i.size for i in extra))}; `opforge cache clean` removes "
+        _leftovers_table(extra, f"beside them ({output.size(sum(i.size for i in extra))}; `opforge cache clean` removes "
                                 "them, --older-than DAYS the old ones)")
     return 0
 
@@ -126,7 +122,7 @@ def cmd_clean(args) -> int:
     done = inventory.clean(root, args.name, args.older_than)
     what = f" of {args.name}" if args.name else ""
     age = f" older than {args.older_than:g} days" if args.older_than is not None else ""
-    print(f"removed {len(done.removed)} item(s){what}{age} ({_size(done.freed)}) from {root}")
+    print(f"removed {len(done.removed)} item(s){what}{age} ({output.size(done.freed)}) from {root}")
     if done.in_use:
         print(f"kept {len(done.in_use)} in use by a running build: {', '.join(done.in_use)}")
     return 0
@@ -146,30 +142,13 @@ def cmd_verify(args) -> int:
     return 1 if bad else 0
 
 
-def _outcomes(outcomes, title: str, as_json: bool, extra: dict) -> None:
-    if as_json:
-        json.dump(dict(extra, entries=[o.to_json() for o in outcomes]), sys.stdout, indent=1)
-        print()
-        return
-    if outcomes:
-        colour = {"skipped": "yellow", "corrupt": "red"}
-        output.table(title, ["name", "entry", "status", "why"], [[o.name, o.entry, o.status, o.reason] for o in outcomes],
-                     styles=[colour.get(o.status) for o in outcomes])
-
-
-def _counts(outcomes) -> str:
-    from collections import Counter
-
-    return ", ".join(f"{n} {status}" for status, n in sorted(Counter(o.status for o in outcomes).items())) or "nothing"
-
-
 def cmd_export(args) -> int:
     from ..engine import archive
 
     root = settings_mod.current().cache_dir
     outcomes = archive.export(args.file, args.names or None, root)
-    _outcomes(outcomes, f"opforge cache export: {root} -> {args.file}", args.json, {"cache_dir": root, "file": args.file})
-    print(f"{args.file}: {_counts(outcomes)}", file=sys.stderr if args.json else sys.stdout)
+    output.outcomes(outcomes, f"opforge cache export: {root} -> {args.file}", args.json, {"cache_dir": root, "file": args.file})
+    print(f"{args.file}: {output.counts(outcomes)}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -183,6 +162,6 @@ def cmd_import(args) -> int:
     except ArchiveError as exc:
         print(f"opforge cache import: {exc}", file=sys.stderr)
         return 2
-    _outcomes(outcomes, f"opforge cache import: {args.file} -> {root}", args.json, {"cache_dir": root, "file": args.file})
-    print(f"{args.file}: {_counts(outcomes)}", file=sys.stderr if args.json else sys.stdout)
+    output.outcomes(outcomes, f"opforge cache import: {args.file} -> {root}", args.json, {"cache_dir": root, "file": args.file})
+    print(f"{args.file}: {output.counts(outcomes)}", file=sys.stderr if args.json else sys.stdout)
     return 1 if any(o.status == "corrupt" for o in outcomes) else 0

@@ -45,7 +45,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
 
 from .. import __version__, compat
 from .. import prebuilt as prebuilt_mod
@@ -53,22 +52,10 @@ from .. import settings as settings_mod
 from ..errors import BuildError, CacheError, OpforgeError, UnsafeCacheError
 from ..extension import CACHED
 from ..platform import Platform
+from . import remote_cmd
+from .doctor_checks import FAIL, OK, WARN, Check
 
 SCHEMA = "opforge.doctor/1"
-OK, WARN, FAIL = "ok", "warn", "fail"
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: str
-    detail: str
-    fix: str = ""
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
 def add_parser(sub) -> None:
     p = sub.add_parser("doctor", help="check that this machine can build and load opforge kernels")
     p.add_argument("--json", action="store_true", help=f"print JSON (schema {SCHEMA}) instead of a table")
@@ -303,6 +290,7 @@ def run_checks(platform: Platform, settings: settings_mod.Settings, prebuilt: pr
     cache_check = check_cache(settings)
     checks.append(cache_check)
     checks += check_prebuilt(prebuilt, platform)
+    checks += remote_cmd.check_remote(settings)
     for package in other_packages():  # the kernels other packages prebuilt (their opforge.kernels entry points)
         checks += check_prebuilt(prebuilt_mod.for_package(package), platform, package)
     if build:

@@ -3,6 +3,7 @@ file, CI logs), so that nothing is cut to 80 columns or carries ANSI escapes whe
 
 from __future__ import annotations
 
+import json
 import sys
 
 
@@ -36,3 +37,31 @@ def table(title: str, columns: list[str], rows: list[list[str]], out=None, right
     for i, r in enumerate(rows):
         t.add_row(*(escape(c) for c in r), style=(styles[i] if styles else None))
     Console(file=out).print(t)
+
+
+def size(n: float) -> str:
+    """Bytes, in B / KiB / MiB / GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def outcomes(rows, title: str, as_json: bool, extra: dict) -> None:
+    """What happened to each entry of an export, import, push or pull (``archive.Outcome``s)."""
+    if as_json:
+        json.dump(dict(extra, entries=[o.to_json() for o in rows]), sys.stdout, indent=1)
+        print()
+        return
+    if rows:
+        colour = {"skipped": "yellow", "corrupt": "red", "refused": "red", "failed": "red"}
+        table(title, ["name", "entry", "status", "why"], [[o.name, o.entry, o.status, o.reason] for o in rows],
+              styles=[colour.get(o.status) for o in rows])
+
+
+def counts(rows) -> str:
+    """``2 imported, 1 skipped``."""
+    from collections import Counter
+
+    return ", ".join(f"{n} {status}" for status, n in sorted(Counter(o.status for o in rows).items())) or "nothing"

@@ -23,6 +23,7 @@ from .. import __version__, adopt, registry
 from .. import prebuilt as prebuilt_mod
 from .. import settings as settings_mod
 from ..platform import Platform
+from ..status import NEEDS_BUILD
 from . import user_modules
 from .output import aligned
 
@@ -77,7 +78,23 @@ def candidate_json(c) -> dict:
         "note": c.status.note if c.status is not None else "",
         "chosen": c.chosen,
         "adopted_from": adopt.describe(ext),
+        "remote": on_remote(c),
     }
+
+
+def on_remote(c) -> bool | None:
+    """For a candidate that would be built: does the remote cache (OPFORGE_REMOTE_CACHE) hold it, so it
+    would be pulled instead? None when no store is set, the candidate needs no build, or the store
+    can't be asked (within OPFORGE_REMOTE_TIMEOUT)."""
+    status = c.status
+    if status is None or status.state != NEEDS_BUILD or status.spec is None or status.settings is None:
+        return None
+    if not status.settings.remote_cache:
+        return None
+    from ..engine import remote
+    from ..engine.progress import Reporter
+
+    return remote.has(status.spec, status.settings, Reporter(False))
 
 
 def prebuilt_json(pb: prebuilt_mod.Prebuilt, platform: Platform) -> dict:
@@ -150,6 +167,8 @@ def candidate_detail(c: dict) -> str:
         detail = "; ".join(why) or c["reason"]
     else:
         detail = "; ".join(x for x in (c["note"], c["reason"]) if x)
+    if c.get("remote"):
+        detail = "; ".join(x for x in (detail, "on the remote cache: it would be pulled, not built") if x)
     if c.get("adopted_from"):
         detail = "; ".join(x for x in (f"adopted from {c['adopted_from']}", detail) if x)
     return detail

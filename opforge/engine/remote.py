@@ -117,29 +117,31 @@ def _candidates(fs, root: str, spec: BuildSpec) -> list[str]:
     return [p for p in names if p.rsplit("/", 1)[-1].startswith(spec.input_key[:16])]
 
 
-def signature_of(path: str) -> tuple[bytes | None, dict | None]:
-    """The manifest bytes and the signature document of a one-entry archive."""
-    with tarfile.open(path, "r:*") as tar:
-        try:
+def inspect_object(path: str) -> tuple[str, str, bytes, dict | None] | None:
+    """A downloaded one-entry archive's extension name, entry directory, manifest bytes and signature
+    document; None when it is not one (truncated, another format)."""
+    try:
+        with tarfile.open(path, "r:*") as tar:
             index = json.loads(tar.extractfile(archive.INDEX).read())
             (item,) = index["entries"]
             manifest = tar.extractfile(archive._member(item["name"], item["entry"], "manifest.json")).read()
-        except (KeyError, ValueError, TypeError, AttributeError):
-            return None, None
-        try:
-            doc = json.loads(tar.extractfile(SIGNATURE).read())
-        except (KeyError, ValueError, AttributeError):
-            doc = None
-    return manifest, doc if isinstance(doc, dict) else None
+            try:
+                doc = json.loads(tar.extractfile(SIGNATURE).read())
+            except (KeyError, ValueError, AttributeError):
+                doc = None
+    except (OSError, tarfile.TarError, KeyError, ValueError, TypeError, AttributeError, EOFError):
+        return None
+    return str(item["name"]), str(item["entry"]), manifest, doc if isinstance(doc, dict) else None
 
 
-def trust(path: str, s: settings_mod.Settings):
-    """Is the downloaded entry at ``path`` signed by a trusted key (or is unsigned allowed)? A Decision."""
+def trust(found: tuple[str, str, bytes, dict | None], name: str, entry: str, s: settings_mod.Settings):
+    """May the object (``inspect_object``'s answer) stored as ``name``/``entry`` be imported? A Decision:
+    it must hold that entry, signed by a trusted key (or unsigned, where that is allowed)."""
     from ..decision import Accepted
 
-    manifest, doc = signature_of(path)
-    if manifest is None:
-        return Rejected("it is not a one-entry opforge archive")
+    theirs_name, theirs_entry, manifest, doc = found
+    if (theirs_name, theirs_entry) != (name, entry):
+        return Rejected(f"it holds another entry ({theirs_name}/{theirs_entry}) than its name says ({name}/{entry})")
     if doc is None and s.remote_allow_unsigned:
         return Accepted("unsigned, allowed by OPFORGE_REMOTE_ALLOW_UNSIGNED=1")
     verdict = signing.verify(manifest, doc, signing.trusted(s.trusted_keys))
@@ -149,33 +151,112 @@ def trust(path: str, s: settings_mod.Settings):
     return verdict
 
 
+def _pull_object(fs, obj: str, root: str, s: settings_mod.Settings, reporter: Reporter) -> archive.Outcome | None:
+    """Download one object, check its signature, import it (every ``cache import`` check) into the
+    cache at ``root``. The outcome (imported, present, refused, skipped), or None when the store died."""
+    name, entry = obj.rsplit("/", 3)[-3], obj.rsplit("/", 1)[-1][:-len(".tar")]
+    with tempfile.TemporaryDirectory(prefix=".remote-", dir=root) as tmp:
+        local = os.path.join(tmp, "entry.tar")
+        if _bounded(s, reporter, f"downloading {obj}", lambda: fs.get_file(obj, local) or True) is None:
+            return None
+        found = inspect_object(local)
+        try:
+            verdict = Rejected("it is not a whole one-entry opforge archive (truncated?)") if found is None else \
+                trust(found, name, entry, s)
+        except Exception as exc:  # noqa: BLE001 (an unreadable trusted key file)
+            verdict = Rejected(str(exc))
+        if not verdict:
+            return archive.Outcome(name, entry, "refused", verdict.reason)
+        try:
+            (outcome,) = archive.import_(local, root=root)
+        except Exception as exc:  # noqa: BLE001 (a corrupt object: said, never published)
+            return archive.Outcome(name, entry, "refused", f"{type(exc).__name__}: {exc}")
+        if outcome.status == "corrupt":
+            return archive.Outcome(name, entry, "refused", outcome.reason)
+        return archive.Outcome(name, entry, outcome.status, outcome.reason or verdict.reason)
+
+
 def pull(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, reporter: Reporter) -> bool:
     """Download, verify and publish a remote entry for ``spec``; True when one was published."""
     fs, root = _fs(s.remote_cache, s.remote_timeout)
     found = _bounded(s, reporter, "listing", lambda: _candidates(fs, root, spec))
     for obj in found or []:
-        with tempfile.TemporaryDirectory(prefix=".remote-", dir=layout.root) as tmp:
-            local = os.path.join(tmp, "entry.tar")
-            if _bounded(s, reporter, f"downloading {obj}", lambda o=obj, to=local: fs.get_file(o, to) or True) is None:
-                return False
-            try:
-                verdict = trust(local, s)
-            except Exception as exc:  # noqa: BLE001 (an unreadable trusted key file, a broken archive)
-                verdict = Rejected(str(exc))
-            if not verdict:
-                reporter.notice(f"remote entry {obj} refused: {verdict.reason}")
-                continue
-            try:
-                outcomes = archive.import_(local, root=layout.root)
-            except Exception as exc:  # noqa: BLE001 (a corrupt object: said, never published)
-                reporter.notice(f"remote entry {obj} refused: {exc}")
-                continue
-            for o in outcomes:
-                if o.status in ("imported", "present"):
-                    reporter.info(f"{spec.name}: {o.status} from the remote cache ({obj}; {verdict.reason})")
-                    return True
-                reporter.notice(f"remote entry {obj} refused: {o.status}: {o.reason}")
+        outcome = _pull_object(fs, obj, layout.root, s, reporter)
+        if outcome is None:
+            return False
+        if outcome.status in ("imported", "present"):
+            reporter.info(f"{spec.name}: {outcome.status} from the remote cache ({obj}; {outcome.reason})")
+            return True
+        reporter.notice(f"remote entry {obj} {outcome.status}: {outcome.reason}")
     return False
+
+
+def has(spec: BuildSpec, s: settings_mod.Settings, reporter: Reporter) -> bool | None:
+    """Does the store hold an entry for ``spec`` (for ``opforge report``)? None when it can't be asked."""
+    fs, root = _fs(s.remote_cache, s.remote_timeout)
+    found = _bounded(s, reporter, "listing", lambda: _candidates(fs, root, spec))
+    return None if found is None else bool(found)
+
+
+def listing(s: settings_mod.Settings, reporter: Reporter, names=None) -> list[dict] | None:
+    """What the store holds (optionally of ``names``): name, portable key, entry, size, path. None: store dead."""
+    fs, root = _fs(s.remote_cache, s.remote_timeout)
+
+    def walk():
+        base = f"{root}/{PREFIX}"
+        try:
+            found = fs.find(base, detail=True)
+        except FileNotFoundError:
+            return []
+        rows = []
+        for path, info in sorted(found.items()):
+            parts = path[len(base):].strip("/").split("/")
+            if len(parts) != 3 or not parts[2].endswith(".tar") or parts[2].startswith("."):
+                continue
+            if names and parts[0] not in names:
+                continue
+            rows.append({"name": parts[0], "portable_key": parts[1], "entry": parts[2][:-4],
+                         "size": int(info.get("size") or 0), "path": path})
+        return rows
+
+    return _bounded(s, reporter, "listing", walk)
+
+
+def pull_names(names, s: settings_mod.Settings, reporter: Reporter) -> list[archive.Outcome] | None:
+    """``opforge cache pull NAME...``: every remote entry of these extensions that fits here, verified
+    and published into the local cache (ahead of a job). None when the store is dead."""
+    rows = listing(s, reporter, set(names))
+    if rows is None:
+        return None
+    fs, _ = _fs(s.remote_cache, s.remote_timeout)
+    from . import cache
+
+    cache.ensure_dir(s.cache_dir, s.cache_dir)
+    out = []
+    for row in rows:
+        outcome = _pull_object(fs, row["path"], s.cache_dir, s, reporter)
+        if outcome is None:
+            return None
+        out.append(outcome)
+    return out
+
+
+def push_names(names, s: settings_mod.Settings, reporter: Reporter) -> list[archive.Outcome]:
+    """``opforge cache push [NAME...]``: upload the local entries (of ``names``) that fit this machine."""
+    from . import cache, inventory
+
+    out = []
+    for row in inventory.entries(s.cache_dir):
+        if names and row.name not in names:
+            continue
+        m = cache.read_manifest(row.path)
+        if m is None:
+            out.append(archive.Outcome(row.name, os.path.basename(row.path), "skipped", "its manifest is unreadable"))
+            continue
+        done = push(Entry(row.path, m), s, reporter)
+        out.append(archive.Outcome(row.name, os.path.basename(row.path), "pushed" if done else "failed",
+                                   done or "see the notice above"))
+    return out
 
 
 def fetch(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, reporter: Reporter, find):

@@ -1,83 +1,25 @@
-"""The remote binary cache (issue 24, first step): node A builds and pushes, node B pulls and loads
-with no compiler, against stores the tests start themselves: a directory (``file://``) and a real
-WebDAV server (WsgiDAV on localhost, with the webdav4 fsspec client). Every refusal (unsigned,
-wrongly signed, tampered, a dead store) is followed by a correct local build, and nothing refused
-is published."""
+"""The remote binary cache (issue 24): node A builds and pushes, node B pulls and loads with no
+compiler, against stores the tests start themselves: a directory (``file://``), a real WebDAV server
+(WsgiDAV on localhost, webdav4 as the client) and the S3 protocol (moto's server, s3fs). The
+faults (refused entries, dead or broken stores) are in tests/faults/test_remote_faults.py."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import socket
-import tarfile
-import threading
+import subprocess
+import sys
 import time
 
 import pytest
-from conftest import pymod_source, run_python
+from conftest import ROOT
 
 pytest.importorskip("fsspec")
 pytest.importorskip("cryptography")
 
-import opforge  # noqa: E402
+from remote_store import USE, node_a, node_b, node_env, objects  # noqa: E402
+
 from opforge.engine import remote, signing  # noqa: E402
-
-USE = """
-import json, opforge
-m = opforge.load(NAME, [SOURCE])
-print(json.dumps({"value": m.value(), "file": m.__file__}))
-"""
-
-
-@pytest.fixture
-def keys(tmp_path):
-    a = signing.keygen("node-a", str(tmp_path / "keys"))
-    b = signing.keygen("intruder", str(tmp_path / "keys"))
-    return {"secret": a[0], "public": a[1], "other_secret": b[0], "other_public": b[1]}
-
-
-@pytest.fixture(autouse=True)
-def _fresh_store_state():
-    remote._DEAD.clear()
-    yield
-    remote._DEAD.clear()
-
-
-def node_a(monkeypatch, tmp_path, url, source, name, secret=None):
-    """Build ``name`` in node A's own cache and push it."""
-    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "node-a"))
-    monkeypatch.setenv("OPFORGE_REMOTE_CACHE", url)
-    monkeypatch.setenv("OPFORGE_REMOTE_PUSH", "1")
-    if secret:
-        monkeypatch.setenv("OPFORGE_SIGNING_KEY", secret)
-    else:
-        monkeypatch.delenv("OPFORGE_SIGNING_KEY", raising=False)
-    assert opforge.load(name, [str(source)]).value() == 7
-
-
-def node_b(tmp_path, url, source, name, compiler=False, **env) -> tuple[dict, str]:
-    """Load ``name`` in a new process with node B's own cache (and, by default, no compiler)."""
-    full = {"OPFORGE_CACHE_DIR": str(tmp_path / "node-b"), "OPFORGE_REMOTE_CACHE": url, "OPFORGE_REMOTE_PUSH": "0",
-            **env}
-    if not compiler:
-        full.update(CXX="/nonexistent/c++", PATH="/nonexistent")
-    code = USE.replace("NAME", repr(name)).replace("SOURCE", repr(str(source)))
-    out = run_python(code, env=full, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
-
-
-def objects(store) -> list:
-    return sorted(p for p in store.rglob("*.tar") if not p.name.startswith("."))
-
-
-@pytest.fixture
-def source(tmp_path):
-    path = tmp_path / "src" / "remote_mod.cpp"
-    path.parent.mkdir()
-    path.write_text(pymod_source("remote_mod", 7))
-    return path
 
 
 def test_node_b_with_no_compiler_loads_what_node_a_built_and_pushed(monkeypatch, tmp_path, source, keys,
@@ -96,24 +38,6 @@ def test_node_b_with_no_compiler_loads_what_node_a_built_and_pushed(monkeypatch,
     assert warm["file"] == got["file"]
 
 
-@pytest.mark.parametrize("case", ["unsigned", "wrong key", "tampered binary"])
-def test_a_refused_entry_is_said_never_published_and_node_b_builds_it(monkeypatch, tmp_path, source, keys,
-                                                                      counting_cxx, case):
-    store = tmp_path / "store"
-    url = f"file://{store}"
-    node_a(monkeypatch, tmp_path, url, source, "remote_mod",
-           {"unsigned": None, "wrong key": keys["other_secret"], "tampered binary": keys["secret"]}[case])
-    if case == "tampered binary":  # the same index and manifest, another binary: its sha256 gives it away
-        (obj,) = objects(store)
-        rewrite(obj, lambda name, data: data[:-64] + bytes(64) if name.endswith(".so") else data)
-    got, err = node_b(tmp_path, url, source, "remote_mod", compiler=True, OPFORGE_TRUSTED_KEYS=keys["public"])
-    assert got["value"] == 7 and len(counting_cxx.compiles()) == 2  # built locally, correctly
-    why = {"unsigned": "it is unsigned: sign pushes with OPFORGE_SIGNING_KEY",
-           "wrong key": "its signature (by 'intruder') does not verify with any trusted key (node-a)",
-           "tampered binary": "sha256 mismatch"}[case]
-    assert "refused" in err and why in err, err
-
-
 def test_unsigned_entries_load_when_explicitly_allowed(monkeypatch, tmp_path, source, counting_cxx):
     url = f"file://{tmp_path / 'store'}"
     node_a(monkeypatch, tmp_path, url, source, "remote_mod")
@@ -121,46 +45,92 @@ def test_unsigned_entries_load_when_explicitly_allowed(monkeypatch, tmp_path, so
     assert got["value"] == 7 and len(counting_cxx.compiles()) == 1
 
 
-def rewrite(obj, change):
-    """Rewrite a tar object member by member through ``change(name, data)``."""
-    with tarfile.open(obj) as tar:
-        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
-    with tarfile.open(obj, "w") as tar:
-        for m, data in members:
-            data = change(m.name, data)
-            m.size = len(data)
-            tar.addfile(m, io.BytesIO(data))
+def test_over_webdav_node_a_pushes_and_node_b_pulls(monkeypatch, tmp_path, source, keys, webdav, counting_cxx):
+    root, url, server = webdav
+    node_a(monkeypatch, tmp_path, url, source, "remote_mod", keys["secret"])
+    (obj,) = objects(root)
+    assert obj.relative_to(root).parts[:3] == ("opforge", remote.PREFIX, "remote_mod")
+    got, _ = node_b(tmp_path, url, source, "remote_mod", OPFORGE_TRUSTED_KEYS=keys["public"])
+    assert got["value"] == 7 and len(counting_cxx.compiles()) == 1 and server.downloads == 1
 
 
-@pytest.fixture
-def silent_server():
-    """A TCP server that accepts connections and never answers: a store past its timeout."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    held = []
-    stop = threading.Event()
-
-    def accept():
-        sock.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(sock.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield f"webdav://127.0.0.1:{sock.getsockname()[1]}/opforge"
-    stop.set()
-    thread.join()
-    for c in held:
-        c.close()
-    sock.close()
+def test_eight_processes_on_node_b_at_once_make_one_download_and_all_load(monkeypatch, tmp_path, source, keys,
+                                                                          webdav, counting_cxx):
+    root, url, server = webdav
+    node_a(monkeypatch, tmp_path, url, source, "remote_mod", keys["secret"])
+    code = USE.replace("NAME", "'remote_mod'").replace("SOURCE", repr(str(source)))
+    env = dict(os.environ, PYTHONPATH=ROOT, **node_env(tmp_path, url, OPFORGE_TRUSTED_KEYS=keys["public"]))
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(8)]
+    results = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in results]
+    files = {json.loads(out.strip().splitlines()[-1])["file"] for out, _ in results}
+    assert len(files) == 1 and server.downloads == 1 and len(counting_cxx.compiles()) == 1
 
 
-def test_a_store_past_its_timeout_costs_that_once_then_the_build_goes_on(monkeypatch, tmp_path, silent_server,
-                                                                         make_pymod, counting_cxx, capfd):
+def test_over_s3_node_a_pushes_and_node_b_pulls(monkeypatch, tmp_path, source, keys, s3, counting_cxx):
+    url, env = s3
+    import fsspec
+
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": env["FSSPEC_S3_ENDPOINT_URL"]})
+    node_a(monkeypatch, tmp_path, url, source, "remote_mod", keys["secret"])
+    got, _ = node_b(tmp_path, url, source, "remote_mod", OPFORGE_TRUSTED_KEYS=keys["public"], **env)
+    assert got["value"] == 7 and len(counting_cxx.compiles()) == 1
+
+
+def _cli(*args, env: dict) -> subprocess.CompletedProcess:
+    full = dict(os.environ, PYTHONPATH=ROOT, **env)
+    return subprocess.run([sys.executable, "-m", "opforge.cli", "cache", *args], env=full, capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
+def test_the_cli_pushes_lists_and_pulls_ahead_of_a_job(monkeypatch, tmp_path, source, counting_cxx):
+    keydir = tmp_path / "keys"
+    made = _cli("keygen", "ci", "--dir", str(keydir), env={})
+    assert made.returncode == 0 and (keydir / "ci.secret").stat().st_mode & 0o777 == 0o600, made.stderr
+    url = f"file://{tmp_path / 'store'}"
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "node-a"))
+    import opforge
+
+    assert opforge.load("remote_mod", [str(source)]).value() == 7  # built with no store configured
+    a = {"OPFORGE_CACHE_DIR": str(tmp_path / "node-a"), "OPFORGE_REMOTE_CACHE": url,
+         "OPFORGE_SIGNING_KEY": str(keydir / "ci.secret")}
+    pushed = _cli("push", "remote_mod", "--json", env=a)
+    assert pushed.returncode == 0, pushed.stderr
+    assert [e["status"] for e in json.loads(pushed.stdout)["entries"]] == ["pushed"]
+    listed = json.loads(_cli("list", "--remote", "--json", env=a).stdout)
+    assert [(e["name"], e["size"] > 0) for e in listed["entries"]] == [("remote_mod", True)]
+
+    c = node_env(tmp_path, url, node="node-c", OPFORGE_TRUSTED_KEYS=str(keydir / "ci.public"))
+    pulled = _cli("pull", "remote_mod", "--json", env=c)
+    assert pulled.returncode == 0, pulled.stderr
+    assert [e["status"] for e in json.loads(pulled.stdout)["entries"]] == ["imported"]
+    got, _ = node_b(tmp_path, "", source, "remote_mod", node="node-c")  # no store now: a local hit, no compiler
+    assert got["value"] == 7 and len(counting_cxx.compiles()) == 1
+
+    none = _cli("pull", "remote_mod", env={"OPFORGE_REMOTE_CACHE": ""})
+    assert none.returncode == 2 and "set OPFORGE_REMOTE_CACHE" in none.stderr
+
+
+def test_keygen_writes_a_private_secret_and_refuses_to_overwrite(tmp_path):
+    import opforge
+
+    secret, public = signing.keygen("ci", str(tmp_path))
+    assert oct(os.stat(secret).st_mode & 0o777) == "0o600"
+    assert open(public).read().startswith("opforge-ed25519-public:ci:")
+    with pytest.raises(opforge.OpforgeError, match="does not overwrite"):
+        signing.keygen("ci", str(tmp_path))
+    doc = signing.sign(b"manifest", secret)
+    assert signing.verify(b"manifest", doc, signing.trusted([public]))
+    assert not signing.verify(b"other", doc, signing.trusted([public]))
+    with pytest.raises(opforge.OpforgeError, match="is not an opforge public key"):
+        signing.trusted([secret])
+
+
+def test_a_dead_store_is_asked_once_per_process(monkeypatch, tmp_path, silent_server, make_pymod, counting_cxx,
+                                                 capfd):
+    import opforge
+
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "node"))
     monkeypatch.setenv("OPFORGE_REMOTE_CACHE", silent_server)
     monkeypatch.setenv("OPFORGE_REMOTE_TIMEOUT", "1.5")
@@ -176,43 +146,52 @@ def test_a_store_past_its_timeout_costs_that_once_then_the_build_goes_on(monkeyp
     assert len(counting_cxx.compiles()) == 2
 
 
-@pytest.fixture
-def webdav(tmp_path):
-    """WsgiDAV serving a temp dir on localhost: a real WebDAV server, started and stopped here."""
-    pytest.importorskip("wsgidav")
-    pytest.importorskip("webdav4")
-    from cheroot import wsgi
-    from wsgidav.wsgidav_app import WsgiDAVApp
+def test_doctor_checks_the_store_and_the_keys(tmp_path, keys, silent_server):
+    from opforge import settings
+    from opforge.cli.remote_cmd import check_remote
 
-    root = tmp_path / "dav"
-    root.mkdir()
-    app = WsgiDAVApp({"provider_mapping": {"/": str(root)}, "simple_dc": {"user_mapping": {"*": True}},
-                      "verbose": 0, "logging": {"enable": False}, "http_authenticator": {"accept_basic": False}})
-    server = wsgi.Server(("127.0.0.1", 0), app)
-    server.prepare()
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
-    yield root, f"webdav://127.0.0.1:{server.bind_addr[1]}/opforge"
-    server.stop()
-    thread.join(10)
+    def verdicts(**env):
+        return {c.name: (c.status, c.detail) for c in check_remote(settings.current(env))}
 
-
-def test_over_webdav_node_a_pushes_and_node_b_pulls(monkeypatch, tmp_path, source, keys, webdav, counting_cxx):
-    root, url = webdav
-    node_a(monkeypatch, tmp_path, url, source, "remote_mod", keys["secret"])
-    (obj,) = objects(root)
-    assert obj.relative_to(root).parts[:3] == ("opforge", remote.PREFIX, "remote_mod")
-    got, _ = node_b(tmp_path, url, source, "remote_mod", OPFORGE_TRUSTED_KEYS=keys["public"])
-    assert got["value"] == 7 and len(counting_cxx.compiles()) == 1
+    assert verdicts() == {"remote cache": ("ok", "not set (OPFORGE_REMOTE_CACHE): builds stay on this machine")}
+    url = f"file://{tmp_path / 'store'}"
+    good = verdicts(OPFORGE_REMOTE_CACHE=url, OPFORGE_TRUSTED_KEYS=keys["public"], OPFORGE_REMOTE_PUSH="1",
+                    OPFORGE_SIGNING_KEY=keys["secret"])
+    assert good["remote cache"] == ("ok", f"{url}: reachable, 0 entries")
+    assert good["trusted keys"] == ("ok", "pulls accept entries signed by node-a") and good["signing key"][0] == "ok"
+    loose = verdicts(OPFORGE_REMOTE_CACHE=url, OPFORGE_REMOTE_PUSH="1")
+    assert loose["trusted keys"][0] == "warn" and "every remote entry will be refused" in loose["trusted keys"][1]
+    assert loose["signing key"][0] == "warn" and "pushes are unsigned" in loose["signing key"][1]
+    swapped = verdicts(OPFORGE_REMOTE_CACHE=url, OPFORGE_TRUSTED_KEYS=keys["secret"])
+    assert swapped["trusted keys"][0] == "fail" and "is not an opforge public key" in swapped["trusted keys"][1]
+    remote._DEAD.clear()
+    dead = verdicts(OPFORGE_REMOTE_CACHE=silent_server, OPFORGE_REMOTE_TIMEOUT="1")
+    assert dead["remote cache"] == ("fail", f"{silent_server}: no answer within 1 s (OPFORGE_REMOTE_TIMEOUT)")
+    remote._DEAD.clear()
 
 
-def test_keygen_writes_a_private_secret_and_refuses_to_overwrite(tmp_path):
-    secret, public = signing.keygen("ci", str(tmp_path))
-    assert oct(os.stat(secret).st_mode & 0o777) == "0o600" and open(public).read().startswith("opforge-ed25519-public:ci:")
-    with pytest.raises(opforge.OpforgeError, match="does not overwrite"):
-        signing.keygen("ci", str(tmp_path))
-    doc = signing.sign(b"manifest", secret)
-    assert signing.verify(b"manifest", doc, signing.trusted([public]))
-    assert not signing.verify(b"other", doc, signing.trusted([public]))
-    with pytest.raises(opforge.OpforgeError, match="is not an opforge public key"):
-        signing.trusted([secret])
+def test_the_report_says_a_kernel_would_come_from_the_remote(monkeypatch, tmp_path, source, keys, counting_cxx):
+    from opforge.cli.report_cmd import candidate_json
+    from opforge.extension import CppExtension
+    from opforge.loader import KernelLoader
+
+    class Loader(KernelLoader):
+        pass
+
+    Loader.kind = "remote_report"  # set after creation: out of the global kind registry
+    Ext = Loader.register_extension(type("Ext", (CppExtension,), {"name": "remote_mod", "kind": Loader.kind,
+                                                                  "sources": (str(source),), "python_module": True,
+                                                                  "optimize": (), "isa": CppExtension.isa}))
+    url = f"file://{tmp_path / 'store'}"
+    for k, v in {"OPFORGE_CACHE_DIR": str(tmp_path / "node-a"), "OPFORGE_REMOTE_CACHE": url,
+                 "OPFORGE_REMOTE_PUSH": "1", "OPFORGE_SIGNING_KEY": keys["secret"]}.items():
+        monkeypatch.setenv(k, v)
+    (before,) = Loader().candidates()
+    assert candidate_json(before)["remote"] is False  # the store holds nothing yet: it would be built
+    Ext().build_jit()  # node A builds and pushes
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "node-b"))
+    (after,) = Loader().candidates()
+    got = candidate_json(after)
+    assert got["state"] == "needs build" and got["remote"] is True
+    monkeypatch.delenv("OPFORGE_REMOTE_CACHE")
+    assert candidate_json(Loader().candidates()[0])["remote"] is None
