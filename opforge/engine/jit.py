@@ -216,8 +216,14 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
     role = ranks.role(s)
     failed = failures.path_for(name_dir, spec.input_key)
     if not role.builds and not bad:
-        entry = ranks.await_builder(lambda: find_entry(layout, spec, reporter), lock_path, failed, spec.name, role,
-                                    s, reporter)
+        find = lambda: find_entry(layout, spec, reporter)  # noqa: E731
+        still = None
+        if role.scope == "remote":  # the builder is on another node: pull what it pushes
+            from . import remote
+
+            find = lambda: find_entry(layout, spec, reporter) or _from_remote(layout, spec, s, reporter)  # noqa: E731
+            still = lambda: remote.building(spec, s, reporter)  # noqa: E731
+        entry = ranks.await_builder(find, lock_path, failed, spec.name, role, s, reporter, still)
         if entry is not None:
             return entry
     with BuildLock(lock_path, spec.name, s.lock_timeout, reporter.notice) as lock:
@@ -237,18 +243,26 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
             _clean_build_dir(build_dir, own=not build_directory)
         cache.sweep_stale(name_dir)
         cache.ensure_dir(build_dir, layout.root)
+        withdraw = lambda: None  # noqa: E731
+        if role.scope == "remote" and role.builds:  # say so in the store: other nodes wait for the push
+            from . import remote
+
+            withdraw = remote.announce(spec, s, reporter)
         try:
             entry = _compile_and_publish(layout, spec, s, cxx, nvcc, ninja, build_dir, reporter)
         except BuildError as exc:
             failures.record(failed, exc, _inputs_read(spec, s, build_dir, ninja))
+            withdraw()
             raise
         except OSError as exc:  # writing the build files (a full disk, a read-only cache)
+            withdraw()
             raise cache.write_error(f"build {spec.name}", build_dir, layout.root, exc) from exc
         failures.forget(failed)  # an earlier failure of these inputs is history now
         if s.remote_cache and s.remote_push:
             from . import remote
 
             remote.push(entry, s, reporter)
+        withdraw()
         return entry
 
 

@@ -7,7 +7,10 @@ builder, so the compile happens where its output is expected:
 
 * a node-local cache: the node's local rank 0 builds; the other local ranks wait on the
   build lock of that cache, then load;
-* a shared cache (``OPFORGE_SHARED_CACHE=1``): global rank 0 builds, for every node.
+* a shared cache (``OPFORGE_SHARED_CACHE=1``): global rank 0 builds, for every node;
+* a remote cache with ``OPFORGE_REMOTE_PUSH=1`` (``remote.py``): global rank 0 builds and pushes;
+  every other rank pulls (one download per node, under that node's build lock) instead of
+  building, waiting while the builder's marker in the store is fresh.
 
 **No deadlock, by construction.** ``load()`` never calls a collective: ranks reach it at
 different times, for different kernels, or not at all, and a collective reached by only
@@ -74,7 +77,7 @@ class Role:
     reason: str
 
 
-def decide(ranks: Ranks, mode: str, shared: bool) -> Role:
+def decide(ranks: Ranks, mode: str, shared: bool, remote: bool = False) -> Role:
     """The build role of this process. Pure: facts in, a decision with its reason out.
 
     >>> decide(Ranks(), "auto", False).scope
@@ -84,6 +87,8 @@ def decide(ranks: Ranks, mode: str, shared: bool) -> Role:
     (False, 'node', 'local rank 0')
     >>> decide(Ranks(rank=0, local_rank=0), "1", True).builds
     True
+    >>> decide(Ranks(rank=4, local_rank=0, group_up=True), "auto", False, remote=True).builder
+    'global rank 0'
     >>> print(decide(Ranks(rank=3), "1", False).reason)
     no local rank is known (LOCAL_RANK or SLURM_LOCALID): every process takes the build lock
     """
@@ -91,6 +96,13 @@ def decide(ranks: Ranks, mode: str, shared: bool) -> Role:
     if not on:
         why = "OPFORGE_DISTRIBUTED=0" if mode == "0" else "no torch.distributed process group"
         return Role(True, "off", "", f"{why}: the build lock makes the processes on a cache build once")
+    if remote and not shared:
+        if ranks.rank is None:
+            return Role(True, "off", "", "no global rank is known (RANK or SLURM_PROCID): every process takes "
+                        "the build lock")
+        return Role(ranks.rank == 0, "remote", "global rank 0",
+                    "a remote cache with OPFORGE_REMOTE_PUSH=1: global rank 0 builds and pushes, every other rank "
+                    f"pulls (this is rank {ranks.rank})")
     if shared:
         if ranks.rank is None:
             return Role(True, "off", "", "no global rank is known (RANK or SLURM_PROCID): every process takes "
@@ -111,11 +123,11 @@ BUILDER_DONE: contextvars.ContextVar[bool] = contextvars.ContextVar("opforge_bui
 def role(s: settings_mod.Settings) -> Role:
     if BUILDER_DONE.get():
         return Role(True, "off", "", "after build_once's barrier: the builder has finished")
-    return decide(Ranks.detect(s), s.distributed, s.shared_cache)
+    return decide(Ranks.detect(s), s.distributed, s.shared_cache, bool(s.remote_cache and s.remote_push))
 
 
 def await_builder(find: Callable[[], T | None], lock_path: str, failed: str, what: str, r: Role,
-                  s: settings_mod.Settings, reporter) -> T | None:
+                  s: settings_mod.Settings, reporter, still_building: Callable[[], bool] | None = None) -> T | None:
     """Wait for ``r.builder`` to publish ``what`` (see the module doc). The entry, or None when this
     process should build it itself; BuildError when the builder gave up without publishing."""
     from .lock import BuildLock, held, read_holder
@@ -146,6 +158,8 @@ def await_builder(find: Callable[[], T | None], lock_path: str, failed: str, wha
                 "lock without publishing it: its build failed or it was killed. See that rank's output for "
                 "the compiler's errors; the next load() builds it again."
             )
+        if time.monotonic() >= deadline and still_building is not None and still_building():
+            deadline = time.monotonic() + s.dist_grace  # another node's builder is at it (remote scope)
         if time.monotonic() >= deadline:
             reporter.notice(f"{what}: {r.builder} has not started building it in {s.dist_grace:g} s "
                    "(OPFORGE_DIST_GRACE); building it here")

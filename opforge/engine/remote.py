@@ -191,6 +191,63 @@ def pull(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, reporter: Re
     return False
 
 
+HEARTBEAT = 10.0
+"""Seconds between a remote builder's refreshes of its marker; a marker older than 3 of them is stale."""
+
+
+def _marker(root: str, spec: BuildSpec) -> str:
+    return f"{object_dir(root, spec.name, spec.portable_key)}/.building-{spec.input_key[:16]}.json"
+
+
+def announce(spec: BuildSpec, s: settings_mod.Settings, reporter: Reporter):
+    """Say in the store that this process is building ``spec`` (for the ranks of other nodes, which wait
+    while the marker is fresh), refreshed every ``HEARTBEAT`` seconds until the returned ``stop()``,
+    which removes it. A killed builder's marker goes stale within ``3 * HEARTBEAT``."""
+    import socket
+    import time
+
+    fs, root = _fs(s.remote_cache, s.remote_timeout)
+    path = _marker(root, spec)
+    done = threading.Event()
+
+    def beat():
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        fs.pipe_file(path, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "at": time.time()}).encode())
+        return True
+
+    if _bounded(s, reporter, "announcing a build", beat) is None:
+        return lambda: None
+
+    def loop():
+        while not done.wait(HEARTBEAT):
+            if _bounded(s, reporter, "announcing a build", beat) is None:
+                return
+
+    threading.Thread(target=loop, name="opforge-remote-heartbeat", daemon=True).start()
+
+    def stop():
+        done.set()
+        _bounded(s, reporter, "withdrawing a build marker", lambda: fs.rm_file(path) or True)
+
+    return stop
+
+
+def building(spec: BuildSpec, s: settings_mod.Settings, reporter: Reporter) -> bool:
+    """Is another node building ``spec`` for the store right now (a fresh marker)?"""
+    import time
+
+    fs, root = _fs(s.remote_cache, s.remote_timeout)
+
+    def look():
+        try:
+            doc = json.loads(fs.cat_file(_marker(root, spec)))
+        except FileNotFoundError:
+            return False
+        return time.time() - float(doc.get("at", 0)) < 3 * HEARTBEAT
+
+    return bool(_bounded(s, reporter, "looking for a build in progress", look))
+
+
 def has(spec: BuildSpec, s: settings_mod.Settings, reporter: Reporter) -> bool | None:
     """Does the store hold an entry for ``spec`` (for ``opforge report``)? None when it can't be asked."""
     fs, root = _fs(s.remote_cache, s.remote_timeout)
@@ -269,7 +326,10 @@ def fetch(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, reporter: R
         return None
     cache.ensure_dir(layout.root, layout.root)
     cache.ensure_dir(layout.name_dir(spec.name), layout.root)
-    with BuildLock(layout.lock_path(spec.name, spec.config_key), spec.name, s.lock_timeout, reporter.notice):
+    # record=False: no holder file, so ranks waiting for a builder (ranks.await_builder) read this as
+    # a short probe, not as a build in progress
+    with BuildLock(layout.lock_path(spec.name, spec.config_key), spec.name, s.lock_timeout, reporter.notice,
+                   record=False):
         entry = find()
         if entry is None and pull(layout, spec, s, reporter):
             entry = find()

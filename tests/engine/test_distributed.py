@@ -41,6 +41,14 @@ def test_who_builds(ranks, mode, shared, builds, scope):
     assert role.reason
 
 
+@pytest.mark.parametrize("ranks,builds", [(Ranks(rank=0, local_rank=0, group_up=True), True),
+                                         (Ranks(rank=2, local_rank=0, group_up=True), False),
+                                         (Ranks(rank=3, local_rank=1, group_up=True), False)])
+def test_with_a_remote_cache_global_rank_0_builds_for_the_cluster(ranks, builds):
+    role = decide(ranks, "auto", False, remote=True)
+    assert (role.builds, role.scope, role.builder) == (builds, "remote", "global rank 0")
+
+
 def test_settings_read_the_launchers_variables():
     s = settings_mod.current({"RANK": "7", "LOCAL_RANK": "3", "OPFORGE_DISTRIBUTED": "on",
                               "OPFORGE_SHARED_CACHE": "1", "OPFORGE_DIST_GRACE": "5"})
@@ -113,6 +121,20 @@ def test_eight_ranks_two_nodes_one_build_per_node(tmp_path, job):
     assert job.compiling_ranks() == [0, 4]  # each node's local rank 0
     for r, res in enumerate(results):
         assert res[0]["file"].startswith(str(nodes[r][0]))
+
+
+def test_a_remote_cache_makes_one_compile_in_the_whole_cluster(tmp_path, job):
+    """Two nodes of two ranks, each node its own cache, one store (issue 24): global rank 0 builds and
+    pushes, node two's ranks pull it (rank 0 comes late, so they wait on the store first)."""
+    src = _source(tmp_path, "dist_remote")
+    nodes = {r: (tmp_path / ("node-a" if r < 2 else "node-b"), r % 2) for r in range(4)}
+    env = {"OPFORGE_REMOTE_CACHE": f"file://{tmp_path / 'store'}", "OPFORGE_REMOTE_PUSH": "1",
+           "OPFORGE_REMOTE_ALLOW_UNSIGNED": "1"}
+    results = job({"*": [["dist_remote", src]]}, nodes, delay={0: 1.5}, env=env)
+    assert [r[0].get("value") for r in results] == [42] * 4, results
+    assert job.compiling_ranks() == [0]  # one compile in the whole cluster
+    for r, res in enumerate(results):
+        assert res[0]["file"].startswith(str(nodes[r][0]))  # each node loads from its own cache
 
 
 def test_shared_cache_global_rank_0_builds_for_all_nodes(tmp_path, job):
