@@ -105,6 +105,12 @@ def _bounded(s: settings_mod.Settings, reporter: Reporter, what: str, fn):
     return None
 
 
+def _open(s: settings_mod.Settings, reporter: Reporter):
+    """(fs, root) of the store, or None (said once, the store marked dead) when it can't be opened:
+    fsspec or the store's backend missing, an unknown protocol, a malformed URL."""
+    return _bounded(s, reporter, "opening it", lambda: _fs(s.remote_cache, s.remote_timeout))
+
+
 def _candidates(fs, root: str, spec: BuildSpec) -> list[str]:
     d = object_dir(root, spec.name, spec.portable_key)
     try:
@@ -178,7 +184,10 @@ def _pull_object(fs, obj: str, root: str, s: settings_mod.Settings, reporter: Re
 
 def pull(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, reporter: Reporter) -> bool:
     """Download, verify and publish a remote entry for ``spec``; True when one was published."""
-    fs, root = _fs(s.remote_cache, s.remote_timeout)
+    store = _open(s, reporter)
+    if store is None:
+        return False
+    fs, root = store
     found = _bounded(s, reporter, "listing", lambda: _candidates(fs, root, spec))
     for obj in found or []:
         outcome = _pull_object(fs, obj, layout.root, s, reporter)
@@ -206,7 +215,10 @@ def announce(spec: BuildSpec, s: settings_mod.Settings, reporter: Reporter):
     import socket
     import time
 
-    fs, root = _fs(s.remote_cache, s.remote_timeout)
+    store = _open(s, reporter)
+    if store is None:
+        return lambda: None
+    fs, root = store
     path = _marker(root, spec)
     done = threading.Event()
 
@@ -236,7 +248,10 @@ def building(spec: BuildSpec, s: settings_mod.Settings, reporter: Reporter) -> b
     """Is another node building ``spec`` for the store right now (a fresh marker)?"""
     import time
 
-    fs, root = _fs(s.remote_cache, s.remote_timeout)
+    store = _open(s, reporter)
+    if store is None:
+        return False
+    fs, root = store
 
     def look():
         try:
@@ -250,14 +265,20 @@ def building(spec: BuildSpec, s: settings_mod.Settings, reporter: Reporter) -> b
 
 def has(spec: BuildSpec, s: settings_mod.Settings, reporter: Reporter) -> bool | None:
     """Does the store hold an entry for ``spec`` (for ``opforge report``)? None when it can't be asked."""
-    fs, root = _fs(s.remote_cache, s.remote_timeout)
+    store = _open(s, reporter)
+    if store is None:
+        return None
+    fs, root = store
     found = _bounded(s, reporter, "listing", lambda: _candidates(fs, root, spec))
     return None if found is None else bool(found)
 
 
 def listing(s: settings_mod.Settings, reporter: Reporter, names=None) -> list[dict] | None:
     """What the store holds (optionally of ``names``): name, portable key, entry, size, path. None: store dead."""
-    fs, root = _fs(s.remote_cache, s.remote_timeout)
+    store = _open(s, reporter)
+    if store is None:
+        return None
+    fs, root = store
 
     def walk():
         base = f"{root}/{PREFIX}"
@@ -285,7 +306,10 @@ def pull_names(names, s: settings_mod.Settings, reporter: Reporter) -> list[arch
     rows = listing(s, reporter, set(names))
     if rows is None:
         return None
-    fs, _ = _fs(s.remote_cache, s.remote_timeout)
+    store = _open(s, reporter)
+    if store is None:
+        return None
+    fs = store[0]
     from . import cache
 
     cache.ensure_dir(s.cache_dir, s.cache_dir)

@@ -195,3 +195,16 @@ def test_the_report_says_a_kernel_would_come_from_the_remote(monkeypatch, tmp_pa
     assert got["state"] == "needs build" and got["remote"] is True
     monkeypatch.delenv("OPFORGE_REMOTE_CACHE")
     assert candidate_json(Loader().candidates()[0])["remote"] is None
+
+
+def test_a_store_that_cannot_be_opened_is_said_once_and_the_build_goes_on(monkeypatch, tmp_path, make_pymod,
+                                                                          counting_cxx, capfd):
+    import opforge
+
+    remote._DEAD.clear()
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "node"))
+    monkeypatch.setenv("OPFORGE_REMOTE_CACHE", "nosuchproto://bucket/opforge")  # no fsspec backend for it
+    assert opforge.load("unopened", [str(make_pymod("unopened", 5))]).value() == 5
+    err = capfd.readouterr().err
+    assert err.count("is not usable (opening it: ") == 1 and len(counting_cxx.compiles()) == 1
+    remote._DEAD.clear()
