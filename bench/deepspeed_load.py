@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
@@ -49,11 +48,9 @@ print(json.dumps({"load_s": took[0], "whole_s": whole, "file": m.__file__, "ninj
 
 
 def run(mode: str, env: dict) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, mode], env=env, capture_output=True, text=True, timeout=1800,
-                         check=False)
-    if out.returncode != 0:
-        sys.exit(f"{mode}: the child failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    from opforge.bench.timing import fresh_process
+
+    return fresh_process(CHILD, mode, env=env)
 
 
 def main() -> None:

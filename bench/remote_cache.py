@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -57,11 +56,9 @@ def serve(root: str):
 
 
 def run(env: dict, src: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, src], env=env, capture_output=True, text=True, timeout=600,
-                         check=False)
-    if out.returncode != 0:
-        sys.exit(f"the child failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    from opforge.bench.timing import fresh_process
+
+    return fresh_process(CHILD, src, env=env, timeout=600)
 
 
 def main() -> None:

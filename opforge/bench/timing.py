@@ -237,3 +237,18 @@ def format_seconds(s: float | None) -> str:
     if s >= 1e-3:
         return f"{s * 1e3:.2f} ms"
     return f"{s * 1e6:.1f} µs"
+
+
+def fresh_process(code: str, *args: str, env: dict | None = None, timeout: float = 1800) -> dict:
+    """Run ``code`` in a new interpreter (``python -c code args...``) and return the JSON object its
+    last line prints; exit with its stderr when it fails. For timings taken inside a fresh process
+    (a cold build, a warm load, an import), where the process itself is the unit."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
+                         timeout=timeout, check=False)
+    if out.returncode != 0:
+        sys.exit(f"the child process failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])

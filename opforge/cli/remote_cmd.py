@@ -60,28 +60,28 @@ def _show(outcomes, title: str, as_json: bool, extra: dict) -> int:
     return 1 if any(o.status in ("refused", "failed") for o in outcomes) else 0
 
 
-def cmd_push(args) -> int:
+def _transfer(args, command: str) -> int:
+    """``push`` (the local cache to the store) or ``pull`` (the store to the local cache), with a table."""
     from ..engine import remote
 
-    s, reporter = _store("push")
+    s, reporter = _store(command)
     if s is None:
         return 2
-    outcomes = remote.push_names(args.names, s, reporter)
-    return _show(outcomes, f"opforge cache push: {s.cache_dir} -> {s.remote_cache}", args.json,
+    move = remote.push_names if command == "push" else remote.pull_names
+    outcomes = move(args.names, s, reporter)
+    if outcomes is None:
+        return _dead(command, s)
+    src, dst = (s.cache_dir, s.remote_cache) if command == "push" else (s.remote_cache, s.cache_dir)
+    return _show(outcomes, f"opforge cache {command}: {src} -> {dst}", args.json,
                  {"cache_dir": s.cache_dir, "remote": s.remote_cache})
+
+
+def cmd_push(args) -> int:
+    return _transfer(args, "push")
 
 
 def cmd_pull(args) -> int:
-    from ..engine import remote
-
-    s, reporter = _store("pull")
-    if s is None:
-        return 2
-    outcomes = remote.pull_names(args.names, s, reporter)
-    if outcomes is None:
-        return _dead("pull", s)
-    return _show(outcomes, f"opforge cache pull: {s.remote_cache} -> {s.cache_dir}", args.json,
-                 {"cache_dir": s.cache_dir, "remote": s.remote_cache})
+    return _transfer(args, "pull")
 
 
 def cmd_list_remote(args) -> int:

@@ -258,12 +258,12 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
             withdraw()
             raise cache.write_error(f"build {spec.name}", build_dir, layout.root, exc) from exc
         failures.forget(failed)  # an earlier failure of these inputs is history now
-        if s.remote_cache and s.remote_push:
-            from . import remote
+    if s.remote_cache and s.remote_push:  # outside the lock: this node's waiting processes load meanwhile
+        from . import remote
 
-            remote.push(entry, s, reporter)
-        withdraw()
-        return entry
+        remote.push(entry, s, reporter)
+    withdraw()
+    return entry
 
 
 def _inputs_read(spec: BuildSpec, s: settings_mod.Settings, build_dir: str, ninja: str) -> list:
@@ -286,6 +286,17 @@ def _clean_build_dir(build_dir: str, own: bool) -> None:
             os.unlink(os.path.join(build_dir, n))
         except FileNotFoundError:
             pass
+
+
+def _compiler_env(ccache: str | None, pch_header: str | None) -> dict[str, str]:
+    """The compilers' environment. With ccache and the shared PCH both in use, ccache is told what its
+    manual asks for PCH builds (``sloppiness=pch_defines,time_macros``; the PCH is ``-include``d by its
+    full path), else it would pass every such compile through uncached."""
+    env = settings_mod.subprocess_env()
+    if ccache and pch_header and os.path.basename(ccache).startswith("ccache"):
+        have = [x for x in env.get("CCACHE_SLOPPINESS", "").split(",") if x]
+        env["CCACHE_SLOPPINESS"] = ",".join(dict.fromkeys([*have, "pch_defines", "time_macros"]))
+    return env
 
 
 def _compile_and_publish(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, cxx: toolchain.Tool,
@@ -311,8 +322,8 @@ def _compile_and_publish(layout: Layout, spec: BuildSpec, s: settings_mod.Settin
                                       nvcc_argv, s.nvcc_gen_deps, pch_header, pch_sources)
     started = time.time()
     with reporter.building(spec.name, len(spec.sources)) as progress:
-        result = compile_mod.run_ninja(ninja, build_dir, spec, objects, s.max_jobs, settings_mod.subprocess_env(),
-                                       progress)
+        result = compile_mod.run_ninja(ninja, build_dir, spec, objects, s.max_jobs,
+                                       _compiler_env(ccache, pch_header), progress)
     took = time.time() - started
 
     # What the binary was built from: the sources, plus every header the compiler read
