@@ -137,4 +137,4 @@ def test_plain_wheel_with_no_compiler_runs_deepspeeds_functions_in_torch(plain, 
     _, _, _, py = plain
     got = _use(py, tmp_path, compiler=False)
     assert (got["name"], got["origin"]) == ("dsadam_cpu_adam_torch", "python")
-    assert got["vs_adamw"] < 1e-5 and got["vs_reference"] == 0
+    assert got["vs_adamw"] < 1e-5  # the torch version of DeepSpeed's functions steps as AdamW does
