@@ -12,6 +12,7 @@ time is seen at the next ``load()``. No other module reads ``os.environ``.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -41,9 +42,14 @@ class Settings:
     """``OPFORGE_LINKER``: ``auto`` (the fastest of mold, lld and gold that links here, else the
     compiler's default), ``default``, or one of ``mold``, ``lld``, ``gold``, ``bfd`` (passed as
     ``-fuse-ld=``). The linker doesn't change what a binary does, so it is not part of the key."""
-    pch: bool
-    """``OPFORGE_PCH``: precompile ``torch/extension.h`` once per compiler and flags, and share it (GCC; on
-    unless ``0``)."""
+    pch_mode: str
+    """``OPFORGE_PCH``: the shared precompiled ``torch/extension.h`` (GCC; ``engine/pch_store.py``). ``auto``
+    (the default; ``1`` too): a build uses the PCH of its compiler and flags when there is one and never waits
+    for one; the second build of a flag set makes it in the background, for later builds. ``eager``: made
+    before the first build that can use it. ``0``: never."""
+    pch_max_size: int
+    """``OPFORGE_PCH_MAX_SIZE``: the PCHs' total size on disk (``2G``, ``800M``, bytes; default 2 GiB),
+    the least recently used removed first; ``0`` makes none."""
     cxx: str | None
     """``CXX``: the C++ compiler, as in torch (default ``c++``)."""
     cc: str | None
@@ -96,8 +102,9 @@ class Settings:
     process)."""
     patch_torch: bool = False
     """``OPFORGE_PATCH_TORCH``: ``1`` routes ``torch.utils.cpp_extension.load`` / ``load_inline`` through
-    opforge from ``import opforge`` on, for every library that calls them (``opforge.patch_torch()``
-    does it in code; ``opforge/patch.py``)."""
+    opforge for every library that calls them, from the first import of ``torch.utils.cpp_extension`` on,
+    with no ``import opforge`` (the startup hook, ``opforge-patch-torch.pth``); ``0`` or unset: off; any
+    other value is an error. ``opforge.patch_torch()`` does it in code (``opforge/patch.py``)."""
 
     remote_cache: str | None = None
     """``OPFORGE_REMOTE_CACHE``: an fsspec URL (``s3://bucket/opforge``, ``webdav://host/opforge``,
@@ -177,6 +184,45 @@ def _linker(raw: str | None) -> str:
     return value
 
 
+def _pch_mode(raw: str | None) -> str:
+    value = (raw or "auto").strip().lower() or "auto"
+    value = {"1": "auto", "true": "auto", "yes": "auto", "on": "auto", "false": "0", "no": "0", "off": "0"}.get(value, value)
+    if value not in ("auto", "eager", "0"):
+        raise ValueError(f"OPFORGE_PCH={raw!r}: use auto (the default), eager or 0")
+    return "off" if value == "0" else value
+
+
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?$")
+
+
+def _size(env: Mapping[str, str], name: str, default: int) -> int:
+    """A size in bytes, with an optional binary unit.
+
+    >>> [_size({"S": v}, "S", 7) for v in ("", "2G", "1.5g", "800M", "800MiB", "4096", "0")]
+    [7, 2147483648, 1610612736, 838860800, 838860800, 4096, 0]
+    """
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return default
+    m = _SIZE.match(raw.upper())
+    if m is None:
+        raise ValueError(f"{name}={raw!r} is not a size; give e.g. {name}=2G or {name}=800M (0: none)")
+    return int(float(m.group(1)) * 2 ** (10 * " KMGT".index(m.group(2) or " ")))
+
+
+def _patch_torch(raw: str | None) -> bool:
+    """``OPFORGE_PATCH_TORCH``: 1 or 0 (unset or empty: 0).
+
+    >>> [_patch_torch(v) for v in (None, "", "0", " 1 ")]
+    [False, False, False, True]
+    """
+    value = (raw or "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"OPFORGE_PATCH_TORCH={raw!r}: use 1 (torch's load and load_inline go through opforge) "
+                         "or 0 (off, the default)")
+    return value == "1"
+
+
 def _tuning(raw: str | None) -> str:
     value = (raw or "auto").strip().lower()
     if value in ("0", "off", "false", "no"):
@@ -202,7 +248,8 @@ def current(env: Mapping[str, str] | None = None) -> Settings:
         max_jobs=_max_jobs(env.get("MAX_JOBS")),
         ccache="0" if env.get("TORCH_NO_COMPILER_WRAPPER") else (env.get("OPFORGE_CCACHE") or "auto").strip(),
         linker=_linker(env.get("OPFORGE_LINKER")),
-        pch=(env.get("OPFORGE_PCH") or "1").strip().lower() not in ("0", "false", "no", "off"),
+        pch_mode=_pch_mode(env.get("OPFORGE_PCH")),
+        pch_max_size=_size(env, "OPFORGE_PCH_MAX_SIZE", 2 * 2**30),
         remote_cache=(env.get("OPFORGE_REMOTE_CACHE") or "").strip() or None,
         remote_push=_flag(env.get("OPFORGE_REMOTE_PUSH")),
         remote_timeout=_float(env, "OPFORGE_REMOTE_TIMEOUT", 10.0),
@@ -228,7 +275,7 @@ def current(env: Mapping[str, str] | None = None) -> Settings:
         triton_tuning=_tuning(env.get("OPFORGE_TRITON_TUNING")),
         triton_direct=(env.get("OPFORGE_TRITON_DIRECT") or "1").strip().lower() not in ("0", "false", "no", "off"),
         native_launch=(env.get("OPFORGE_NATIVE_LAUNCH") or "1").strip().lower() not in ("0", "false", "no", "off"),
-        patch_torch=_flag(env.get("OPFORGE_PATCH_TORCH")),
+        patch_torch=_patch_torch(env.get("OPFORGE_PATCH_TORCH")),
     )
 
 

@@ -39,13 +39,13 @@ def load_inline(
     """Like ``torch.utils.cpp_extension.load_inline``: sources as strings, optional
     pybind11 bindings generated for ``functions``. The generated files live in a
     content-addressed directory of the cache (or in ``build_directory``). torch's parameters,
-    in torch's order; ``use_pch=True`` precompiles ``torch/extension.h`` even where ``OPFORGE_PCH=0``
-    turns that default off (shared by every build with the same compiler and flags); SYCL sources are not built (an error)."""
+    in torch's order; ``use_pch=True`` precompiles ``torch/extension.h`` before this build when it is not
+    there yet, even where ``OPFORGE_PCH=0`` (shared by every build with the same compiler and flags); SYCL sources are not built (an error)."""
     check_name(name)
     check_no_sycl(name, extra_sycl_cflags, with_sycl, sycl_sources)
     s = settings_mod.current()
-    if use_pch and not s.pch:
-        s = dataclasses.replace(s, pch=True)
+    if use_pch:  # as torch's use_pch: made before this build, when missing
+        s = dataclasses.replace(s, pch_mode="eager")
     cpp_list = [cpp_sources] if isinstance(cpp_sources, str) else list(cpp_sources or [])
     cuda_list = [cuda_sources] if isinstance(cuda_sources, str) else list(cuda_sources or [])
     if not cpp_list and not cuda_list:

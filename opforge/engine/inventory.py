@@ -163,15 +163,13 @@ def leftovers(root: str, name: str | None = None) -> list[Leftover]:
                 continue
     out += _tuned(root, name)
     if name is None:
+        from . import pch_store
+
         base = os.path.join(root, ".pch")
-        try:
-            items = sorted(os.listdir(base))
-        except OSError:
-            items = []
-        for item in items:
-            path = os.path.join(base, item)
-            if not item.startswith(".") and os.path.isdir(path):
-                out.append(_leftover("", "precompiled header", path, "shared torch/extension.h PCH", locked=True))
+        for item in pch_store.stored(base):
+            out.append(Leftover("", "precompiled header", item.path, item.size, item.last_used,
+                                held(os.path.join(base, item.key + ".lock")),
+                                "shared torch/extension.h PCH (modified: last used)"))
     return out
 
 
@@ -209,7 +207,7 @@ def known(root: str, name: str) -> bool:
 
 
 def _discard_if_idle(path: str) -> bool:
-    """Remove a build dir or PCH dir unless a build holds its lock (``<path>.lock``) now."""
+    """Remove a build dir unless a build holds its lock (``<path>.lock``) now."""
     import filelock
 
     lock = filelock.FileLock(path + ".lock", thread_local=False)
@@ -250,7 +248,14 @@ def clean(root: str, name: str | None = None, older_than_days: float | None = No
             continue
         if item.what == "staging":
             continue  # cache.sweep_stale below: only those a killed process left
-        if item.what in ("build dir", "precompiled header"):
+        if item.what == "precompiled header":
+            from . import pch_store
+
+            base, n = os.path.split(item.path)
+            if not pch_store.discard(base, n.removesuffix(".h.gch")):
+                done.in_use.append(item.path)
+                continue
+        elif item.what == "build dir":
             if not _discard_if_idle(item.path):
                 done.in_use.append(item.path)
                 continue

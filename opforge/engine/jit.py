@@ -249,7 +249,7 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
 
             withdraw = remote.announce(spec, s, reporter)
         try:
-            entry = _compile_and_publish(layout, spec, s, cxx, nvcc, ninja, build_dir, reporter)
+            entry, pch_plan = _compile_and_publish(layout, spec, s, cxx, nvcc, ninja, build_dir, reporter)
         except BuildError as exc:
             failures.record(failed, exc, _inputs_read(spec, s, build_dir, ninja))
             withdraw()
@@ -258,6 +258,10 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
             withdraw()
             raise cache.write_error(f"build {spec.name}", build_dir, layout.root, exc) from exc
         failures.forget(failed)  # an earlier failure of these inputs is history now
+    if pch_plan is not None and pch_plan.make_after:  # for later builds with these flags, at the lowest priority
+        from . import pch_store
+
+        pch_store.start_background(pch_plan.pch, s.pch_max_size, reporter)
     if s.remote_cache and s.remote_push:  # outside the lock: this node's waiting processes load meanwhile
         from . import remote
 
@@ -300,7 +304,8 @@ def _compiler_env(ccache: str | None, pch_header: str | None) -> dict[str, str]:
 
 
 def _compile_and_publish(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, cxx: toolchain.Tool,
-                         nvcc: toolchain.Tool | None, ninja: str, build_dir: str, reporter: Reporter) -> Entry:
+                         nvcc: toolchain.Tool | None, ninja: str, build_dir: str, reporter: Reporter):
+    """Build and publish; returns the entry and the build's PCH plan (None without one)."""
     from . import compile as compile_mod
     from . import flags as flags_mod
 
@@ -310,16 +315,11 @@ def _compile_and_publish(layout: Layout, spec: BuildSpec, s: settings_mod.Settin
     wrap = [ccache] if ccache else []
     cxx_argv = wrap + list(cxx.argv)
     nvcc_argv = wrap + list(nvcc.argv) if nvcc else None
-    pch_header, pch_sources = None, frozenset()
-    if s.pch:
-        from . import pch
-
-        pch_sources = frozenset(src for src in spec.sources if not (spec.with_cuda and is_cuda_file(src))
-                                and pch.eligible(src, spec.extra_include_paths))
-        if pch_sources:
-            pch_header = pch.ensure(layout.root, cxx, cxx_argv, flags.cflags, s.lock_timeout, reporter)
+    pch_plan = _pch_plan(layout, spec, s, cxx, cxx_argv, flags.cflags, reporter)
+    pch_header = pch_plan.use if pch_plan else None
     objects = compile_mod.write_ninja(os.path.join(build_dir, compile_mod.NINJA_FILE), spec, flags, cxx_argv,
-                                      nvcc_argv, s.nvcc_gen_deps, pch_header, pch_sources)
+                                      nvcc_argv, s.nvcc_gen_deps, pch_header,
+                                      pch_plan.sources if pch_plan else frozenset())
     started = time.time()
     with reporter.building(spec.name, len(spec.sources)) as progress:
         result = compile_mod.run_ninja(ninja, build_dir, spec, objects, s.max_jobs,
@@ -361,4 +361,23 @@ def _compile_and_publish(layout: Layout, spec: BuildSpec, s: settings_mod.Settin
     entry = cache.publish(layout, spec.name, spec.input_key, headers, result.binary, spec.binary_name, manifest,
                           result.log)
     reporter.info(f"cached {spec.name} at {entry.path}")
-    return entry
+    return entry, pch_plan
+
+
+def _pch_plan(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, cxx: toolchain.Tool, cxx_argv: list[str],
+              cflags, reporter: Reporter):
+    """The shared precompiled header's part in this build (``pch_store.plan``), or None: off, GCC not the
+    compiler, or no source that can use one."""
+    if s.pch_mode == "off":
+        return None
+    from . import pch, pch_store
+
+    sources = frozenset(src for src in spec.sources if not (spec.with_cuda and is_cuda_file(src))
+                        and pch.eligible(src, spec.extra_include_paths))
+    if not sources:
+        return None
+    if not pch.is_gcc(tuple(cxx.argv)):
+        reporter.info("the compiler is not GCC; building without a precompiled torch/extension.h")
+        return None
+    store = pch_store.describe(layout.root, cxx.identity, cxx_argv, cflags, repr(spec.torch.as_tuple()))
+    return pch_store.plan(store, s.pch_mode, s.pch_max_size, s.lock_timeout, reporter, sources)

@@ -1,18 +1,11 @@
-"""A precompiled ``torch/extension.h``, shared by every build with the same compiler and flags (on by
-default; ``OPFORGE_PCH=0`` turns it off).
+"""Which sources may use the shared precompiled ``torch/extension.h``, read from their text, and which
+compilers and flags make one (when it is made and where it lives: ``pch_store.py``).
 
-Precompiling the header costs about one plain compile of a source that includes it, once per
-(compiler, flags): the notice says how long it took. After that each such source compiles in
-about a third of the time (docs/benchmarks.md, issue 23).
-
-How: the PCH is built with the build's own C++ flags (less ``TORCH_EXTENSION_NAME``, which
-torch's headers don't use; with ``-march=native``, the CPU is part of its key) into
-``<cache>/.pch/<key16>/``, published atomically under a lock like any entry. Sources whose
-preamble reaches ``#include <torch/extension.h>`` through nothing that could change what it
-means (``eligible``) get ``-include`` of it. The PCH is only an accelerator: it is not part of any
-build key or manifest; GCC falls back to the plain header, silently, when the PCH does not match
-(other flags, another compiler); one that fails to build is skipped (said with OPFORGE_VERBOSE=1).
-GCC only (clang's PCHs work differently): with another compiler, nothing changes.
+Sources whose preamble reaches ``#include <torch/extension.h>`` through nothing that could change
+what it means (``eligible``) get ``-include`` of the PCH's header. The PCH is only an accelerator:
+it is not part of any build key or manifest; GCC falls back to the plain header, silently, when the
+PCH does not match (other flags, another compiler) or is gone. GCC only (clang's PCHs work
+differently): with another compiler, nothing changes.
 """
 
 from __future__ import annotations
@@ -20,14 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-import shutil
 import subprocess
-import tempfile
-import time
-
-from .key import digest
-from .progress import Reporter
-from .toolchain import Tool, host_cpu_identity
 
 HEADER = "torch/extension.h"
 _COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
@@ -123,46 +109,3 @@ def is_gcc(cxx_argv: tuple[str, ...]) -> bool:
 
 def pch_flags(cflags: tuple[str, ...]) -> list[str]:
     return [f for f in cflags if not f.startswith("-DTORCH_EXTENSION_NAME=")]
-
-
-def ensure(root: str, cxx: Tool, cxx_argv: list[str], cflags: tuple[str, ...], timeout: float,
-           reporter: Reporter) -> str | None:
-    """The path of a header to ``-include`` (its ``.gch`` beside it), building it on first use.
-    None when this compiler can't use one or the build failed (the caller builds without)."""
-    from .lock import BuildLock
-
-    if not is_gcc(tuple(cxx.argv)):
-        reporter.info("the compiler is not GCC; building without a precompiled torch/extension.h")
-        return None
-    flags = pch_flags(cflags)
-    native = any(f.endswith("=native") for f in flags)  # -march=native is this CPU's flags: key them so
-    key = digest({"cxx": cxx.identity, "flags": flags, "header": HEADER,
-                  "cpu": host_cpu_identity() if native else ""})[:16]
-    base = os.path.join(root, ".pch")
-    final = os.path.join(base, key)
-    header = os.path.join(final, "torch_extension.h")
-    if os.path.exists(header + ".gch"):
-        return header
-    os.makedirs(base, mode=0o700, exist_ok=True)
-    with BuildLock(os.path.join(base, key + ".lock"), "the torch/extension.h PCH", timeout, reporter.notice):
-        if os.path.exists(header + ".gch"):
-            return header
-        tmp = tempfile.mkdtemp(prefix=".tmp-", dir=base)
-        try:
-            tmp_header = os.path.join(tmp, "torch_extension.h")
-            with open(tmp_header, "w", encoding="utf-8") as f:
-                f.write(f"#include <{HEADER}>\n")
-            started = time.monotonic()
-            with reporter.building("a precompiled torch/extension.h", 1):
-                done = subprocess.run([*cxx_argv, *flags, "-x", "c++-header", tmp_header, "-o", tmp_header + ".gch"],
-                                      capture_output=True, text=True)
-            if done.returncode != 0:  # the build goes on without it; its own compile says what is wrong, if anything
-                reporter.info(f"precompiling {HEADER} failed; building without it:\n{done.stderr.strip()[:2000]}")
-                return None
-            os.rename(tmp, final)
-            reporter.notice(f"precompiled {HEADER} in {time.monotonic() - started:.1f} s, once for this compiler and "
-                            f"these flags ({final}): builds that use them compile faster from now on "
-                            "(OPFORGE_PCH=0 turns this off)")
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return header

@@ -200,11 +200,19 @@ def test_max_jobs_is_handed_to_ninja(cache_dir, make_pymod, monkeypatch):
 
 
 def test_shared_precompiled_torch_header(shared_cache, monkeypatch, tmp_path, capfd):
-    """The PCH (on by default; the suite turns it off, this test on): torch/extension.h is precompiled
-    once and -include'd by each such source."""
+    """The PCH with GCC (the suite turns it off, this test on): load_inline(use_pch=True), as torch's
+    use_pch, makes it before its build (OPFORGE_PCH=0 notwithstanding); builds with the same flags use it
+    from then on, under the default (auto), each source that includes torch/extension.h. When it is made
+    in the background, and the cap: test_pch_lifecycle.py."""
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(shared_cache))
-    monkeypatch.setenv("OPFORGE_PCH", "1")
-    had_pch = (shared_cache / ".pch").is_dir()
+    monkeypatch.setenv("OPFORGE_PCH", "0")
+    mod = opforge.load_inline("pch_inline", "int seven() { return 7; }", functions=["seven"], use_pch=True,
+                              extra_cflags=["-O1"])
+    assert mod.seven() == 7
+    (gch,) = (shared_cache / ".pch").glob("*.h.gch")
+    assert gch.stat().st_size > 0
+    header = str(gch)[: -len(".gch")]
+    monkeypatch.setenv("OPFORGE_PCH", "auto")
     # The second reaches torch/extension.h through a local header that defines a Windows-only macro
     # first, as DeepSpeed's cpu_adam.cpp does (cpu_adam.h: NOMINMAX): the same meaning, so it qualifies.
     (tmp_path / "local.h").write_text("#pragma once\n#define NOMINMAX\n#include <stdio.h>\n#include <torch/extension.h>\n")
@@ -218,14 +226,11 @@ def test_shared_precompiled_torch_header(shared_cache, monkeypatch, tmp_path, ca
     x = torch.randn(6)
     torch.testing.assert_close(mods[0].f(x), x * 2)
     torch.testing.assert_close(mods[1].f(x), x * 3)
-    (pch_dir,) = [p for p in (shared_cache / ".pch").iterdir() if p.is_dir() and not p.name.startswith(".")]
-    assert (pch_dir / "torch_extension.h.gch").stat().st_size > 0
-    if not had_pch:  # the one-time cost is said, with where the PCH went
-        assert "opforge: precompiled torch/extension.h in " in capfd.readouterr().err
-    for i in range(2):
-        (build,) = [p for p in (shared_cache / f"pch_ext{i}").glob(".build-*") if p.is_dir()]
-        assert f"-include {pch_dir / 'torch_extension.h'}" in (build / "build.log").read_text()
-        manifest = next(p for p in (shared_cache / f"pch_ext{i}").iterdir() if not p.name.startswith("."))
+    assert list((shared_cache / ".pch").glob("*.h.gch")) == [gch]  # the same one
+    for name in ("pch_inline", "pch_ext0", "pch_ext1"):
+        (build,) = [p for p in (shared_cache / name).glob(".build-*") if p.is_dir()]
+        assert f"-include {header}" in (build / "build.log").read_text()
+        manifest = next(p for p in (shared_cache / name).iterdir() if not p.name.startswith("."))
         assert ".pch" not in (manifest / "manifest.json").read_text()  # an accelerator, not a dependency
 
 
@@ -249,20 +254,6 @@ def test_sycl_arguments_say_they_are_not_built(cache_dir):
         opforge.load("s", ["a.cpp"], extra_sycl_cflags=["-O2"])
     with pytest.raises(ValueError, match="not SYCL"):
         opforge.load_inline("s", "int x;", sycl_sources="kernel")
-
-
-def test_load_inline_use_pch_uses_the_shared_header(shared_cache, monkeypatch):
-    """use_pch=True with OPFORGE_PCH=0: the header is precompiled (or, after
-    test_shared_precompiled_torch_header in the same session, the one it made with these flags is
-    reused: one PCH per test run) and -include'd."""
-    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(shared_cache))
-    monkeypatch.setenv("OPFORGE_PCH", "0")
-    mod = opforge.load_inline("pch_inline", "int seven() { return 7; }", functions=["seven"], use_pch=True,
-                              extra_cflags=["-O1"])
-    assert mod.seven() == 7
-    (pch_dir,) = [p for p in (shared_cache / ".pch").iterdir() if p.is_dir() and not p.name.startswith(".")]
-    (build,) = [p for p in (shared_cache / "pch_inline").glob(".build-*") if p.is_dir()]
-    assert f"-include {pch_dir / 'torch_extension.h'}" in (build / "build.log").read_text()
 
 
 # -- the ninja binary: the PyPI package's, or one on PATH with no `ninja` module importable ---------

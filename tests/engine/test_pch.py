@@ -8,10 +8,8 @@ import os
 
 import pytest
 
-from opforge import settings
-from opforge.engine import pch
+from opforge.engine import pch, pch_store
 from opforge.engine.progress import Reporter
-from opforge.engine.toolchain import Tool
 
 TORCH = "#include <torch/extension.h>\n"
 
@@ -60,13 +58,6 @@ def test_local_headers_are_followed_beside_the_file_and_in_the_include_dirs(tmp_
     assert not pch.eligible(str(tmp_path / "loop.cpp"))
 
 
-@pytest.mark.parametrize("value, on", [(None, True), ("", True), ("1", True), ("0", False), ("off", False),
-                                       ("false", False)])
-def test_the_pch_is_on_unless_turned_off(value, on):
-    env = {} if value is None else {"OPFORGE_PCH": value}
-    assert settings.current(env).pch is on
-
-
 def _fake_compiler(tmp_path, defines: str, header_rc: int) -> list[str]:
     script = tmp_path / "fakecxx"
     script.write_text("#!/bin/sh\n"
@@ -76,18 +67,19 @@ def _fake_compiler(tmp_path, defines: str, header_rc: int) -> list[str]:
     return [str(script)]
 
 
-def test_another_compiler_builds_without_it_silently(tmp_path, capfd):
-    argv = _fake_compiler(tmp_path, "#define __GNUC__ 4\\n#define __clang__ 1", 0)
-    assert pch.ensure(str(tmp_path / "cache"), Tool(tuple(argv), argv[0], 1, 1), argv, ("-O2",), 10, Reporter(False)) is None
-    assert capfd.readouterr().err == "" and not (tmp_path / "cache").exists()
+def test_another_compiler_is_not_given_one(tmp_path):
+    assert not pch.is_gcc(tuple(_fake_compiler(tmp_path, "#define __GNUC__ 4\\n#define __clang__ 1", 0)))
+    (tmp_path / "gcc").mkdir()
+    assert pch.is_gcc(tuple(_fake_compiler(tmp_path / "gcc", "#define __GNUC__ 12", 0)))
 
 
-def test_a_pch_that_fails_to_build_is_skipped_silently_and_leaves_nothing(tmp_path, capfd):
+def test_a_pch_that_fails_to_build_is_skipped_silently_and_leaves_no_pch(tmp_path, capfd):
     argv = _fake_compiler(tmp_path, "#define __GNUC__ 12", 1)
-    root = tmp_path / "cache"
-    assert pch.ensure(str(root), Tool(tuple(argv), argv[0], 2, 2), argv, ("-O2",), 10, Reporter(False)) is None
+    p = pch_store.describe(str(tmp_path / "cache"), "fake", argv, ("-O2",), "torch")
+    assert pch_store.make(p, 10, Reporter(False), wait=True) is False
     assert capfd.readouterr().err == ""
-    assert [n for n in os.listdir(root / ".pch") if not n.endswith((".lock", ".holder"))] == []
+    assert sorted(os.listdir(p.base)) == [f"{p.key}{x}" for x in (".h", ".json", ".lock")]
+    assert "no PCH for you" in pch_store.read_record(p)["failed"]
 
 
 def test_ccache_is_told_what_pch_builds_need(monkeypatch):
