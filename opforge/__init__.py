@@ -37,7 +37,7 @@ from .extension import (  # noqa: E402
 )
 from .loader import BEFORE_FOREIGN as _BEFORE_FOREIGN  # noqa: E402
 from .loader import KernelLoader  # noqa: E402
-from .notices import KernelFallbackWarning  # noqa: E402
+from .notices import DeclarationWarning, KernelFallbackWarning  # noqa: E402
 from .patch import patch_torch, unpatch_torch  # noqa: E402
 from .process import reset  # noqa: E402
 from .settings import current as _settings  # noqa: E402
@@ -50,7 +50,9 @@ def _own_families() -> None:
 _BEFORE_FOREIGN.append(_own_families)  # before another package's loader or extension registers (loader.py)
 
 if _settings().patch_torch:  # OPFORGE_PATCH_TORCH=1: torch's load/load_inline go through opforge (patch.py)
-    patch_torch()
+    from .patch import follow_setting as _follow_setting  # noqa: E402
+
+    _follow_setting()
 
 __all__ = [
     "load",
@@ -65,6 +67,7 @@ __all__ = [
     "TorchExtension",
     "KernelLoader",
     "KernelFallbackWarning",
+    "DeclarationWarning",
     "reset",
     "patch_torch",
     "unpatch_torch",

@@ -11,32 +11,62 @@ content-addressed cache, its locks and its warm path without a line changed::
     opforge.patch_torch()                      # until opforge.unpatch_torch()
     with opforge.patch_torch():                # or for a block
         op = CPUAdamBuilder().load()
-    # or OPFORGE_PATCH_TORCH=1: patched from `import opforge` on
+    # or OPFORGE_PATCH_TORCH=1 python train.py: no code at all (see "The variable" below)
 
-A call opforge can't honour goes to torch's own function, with one notice (a
-``KernelFallbackWarning``) that says why: SYCL arguments, CUDA sources on a ROCm torch (opforge
-doesn't hipify), an argument this opforge doesn't know (a newer torch's), or an opforge error
-(its input checks, a locked or unsafe cache, a failed build). So the patch never fails where
-torch would have worked: at worst torch does the work, as it would have unpatched.
+**What goes to torch.** A call opforge can't take goes to torch's own function, with one notice (a
+``KernelFallbackWarning``) that says why:
 
-The functions are replaced on the ``torch.utils.cpp_extension`` module, which is where the
-builders above look them up when they call. A module that did ``from torch.utils.cpp_extension
-import load`` at its own import time, before the patch, keeps torch's function.
+* SYCL arguments, CUDA sources on a ROCm torch (opforge doesn't hipify), an argument this opforge
+  doesn't know (a newer torch's);
+* a ``ValueError`` from opforge's input checks, which are stricter than torch's (an extension
+  name that is no identifier, a source listed twice);
+* a ``CacheError`` (the cache root can't be written, or another user could write it:
+  ``UnsafeCacheError``) or a ``LockTimeoutError`` (another process held the build lock past
+  ``OPFORGE_LOCK_TIMEOUT``): the trouble is opforge's cache, which torch doesn't use; its own
+  build directory may do.
+
+Every other ``OpforgeError`` is the answer, raised as it is, because torch would fail the same way
+after doing the work again: a ``BuildError`` (the compiler rejected the source: handing it on made
+torch compile the same source again, 28.6 s instead of 8 s, with the error printed twice), a
+``ToolchainError`` (no compiler, nvcc or ninja; nvcc of another CUDA major than torch's; CUDA
+sources with a CPU torch: torch needs the same tools and refuses the same mismatch), and a rebuilt
+library that defines operators (torch would load it and abort the process).
+
+**Where the patch takes.** The functions are replaced on the ``torch.utils.cpp_extension`` module,
+which is where the builders above look them up when they call. A module that did ``from
+torch.utils.cpp_extension import load`` at its own import time, before ``patch_torch()``, keeps
+torch's function.
+
+**The variable.** ``OPFORGE_PATCH_TORCH=1`` patches from the first import of
+``torch.utils.cpp_extension`` on, in a process that never imports opforge: a startup hook installed
+with the package (``opforge-patch-torch.pth``, a line that reads the variable and, only when it is
+set, imports the stdlib-only ``_opforge_startup`` module) puts an import hook on ``sys.meta_path``
+that calls :func:`patch_by_setting` as soon as torch's module has run, before the importer (``from
+torch.utils.cpp_extension import load`` included) takes its names. ``import opforge`` does the same
+(at once when torch's module is already imported), for a process that runs opforge from a source
+tree with no startup hook. The setting's patch is one patch, however many times it is applied.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import threading
 from collections.abc import Callable
 
-from .errors import OpforgeError
+from . import settings as settings_mod
+from .errors import CacheError, LockTimeoutError
 from .notices import warn_once
 
 _LOCK = threading.Lock()
 _ORIGINALS: dict[str, Callable] = {}
 _DEPTH = [0]
+_BY_SETTING = [False]
+_TORCH_MODULE = "torch.utils.cpp_extension"
+
+#: opforge's errors that send a call to torch (see the module): opforge's cache is the trouble.
+TO_TORCH = (ValueError, CacheError, LockTimeoutError)
 
 #: torch's arguments for SYCL (Intel XPU) sources, which opforge does not build.
 _SYCL = ("extra_sycl_cflags", "with_sycl", "sycl_sources")
@@ -80,6 +110,34 @@ def is_patched() -> bool:
     return _DEPTH[0] > 0
 
 
+def patch_by_setting() -> bool:
+    """``OPFORGE_PATCH_TORCH=1``: patch now, once for the setting (the startup hook and ``import opforge``
+    both call this). False when the variable is off; a value other than 0 or 1 is a ``ValueError``."""
+    if not settings_mod.current().patch_torch:
+        return False
+    with _LOCK:
+        if _BY_SETTING[0]:
+            return True
+        _BY_SETTING[0] = True
+    patch_torch()
+    return True
+
+
+def follow_setting() -> None:
+    """At ``import opforge`` with ``OPFORGE_PATCH_TORCH=1``: patch when ``torch.utils.cpp_extension`` is first
+    imported (through the startup module's import hook, which the ``.pth`` line may have installed
+    already), or now if it has been; without importing torch."""
+    if sys.modules.get(_TORCH_MODULE) is None:
+        try:
+            import _opforge_startup
+        except ImportError:  # opforge's package without its startup module: patch now
+            patch_by_setting()
+            return
+        _opforge_startup.install()
+        return
+    patch_by_setting()
+
+
 def original(name: str) -> Callable:
     """torch's own ``load`` or ``load_inline``, patched or not."""
     from torch.utils import cpp_extension
@@ -102,6 +160,7 @@ def _restore() -> None:
         setattr(cpp_extension, name, fn)
     _ORIGINALS.clear()
     _DEPTH[0] = 0
+    _BY_SETTING[0] = False
 
 
 def unsupported(arguments: dict, ours: inspect.Signature, torch_hip: str | None) -> str:
@@ -152,7 +211,7 @@ def _routed(name: str, theirs: Callable, ours: Callable) -> Callable:
         if not why:
             try:
                 return ours(**bound.arguments)
-            except (OpforgeError, ValueError) as exc:
+            except TO_TORCH as exc:  # any other error of opforge's is the answer (see the module)
                 why = f"{type(exc).__name__}: {exc}"
         warn_once(f"opforge.patch_torch: {name}({ext!r}) goes to torch's own {name}: {why}")
         return theirs(*args, **kwargs)
@@ -161,4 +220,4 @@ def _routed(name: str, theirs: Callable, ours: Callable) -> Callable:
     return routed
 
 
-__all__ = ["Patched", "is_patched", "original", "patch_torch", "unpatch_torch"]
+__all__ = ["Patched", "follow_setting", "is_patched", "original", "patch_by_setting", "patch_torch", "unpatch_torch"]

@@ -46,8 +46,22 @@ os.environ.setdefault("OPFORGE_TRITON_TUNING", "off")
 os.environ.setdefault("OPFORGE_PCH", "0")
 
 
-def pymod_source(name: str, value: int = 1, extra: str = "") -> str:
-    """C++ source of a Python module ``name`` whose ``value()`` returns ``value``."""
+def pymod_source(name: str, value: int = 1, extra: str = "", multi_phase: bool = False) -> str:
+    """C++ source of a Python module ``name`` whose ``value()`` returns ``value``. ``multi_phase``:
+    initialised as pybind11 >= 3 modules are (PEP 489), which CPython does not put in ``sys.modules``
+    when they are loaded from a spec (single-phase modules put themselves there)."""
+    if multi_phase:
+        return textwrap.dedent(
+            f"""
+            #include <Python.h>
+            {extra}
+            static PyObject* value(PyObject*, PyObject*) {{ return PyLong_FromLong({value}); }}
+            static PyMethodDef methods[] = {{{{"value", value, METH_NOARGS, "the value"}}, {{nullptr, nullptr, 0, nullptr}}}};
+            static PyModuleDef_Slot slots[] = {{{{0, nullptr}}}};
+            static PyModuleDef mod = {{PyModuleDef_HEAD_INIT, "{name}", nullptr, 0, methods, slots}};
+            PyMODINIT_FUNC PyInit_{name}() {{ return PyModuleDef_Init(&mod); }}
+            """
+        )
     return textwrap.dedent(
         f"""
         #include <Python.h>
@@ -78,10 +92,10 @@ def cache_dir(tmp_path, monkeypatch):
 def make_pymod(tmp_path):
     """Write a fast-compiling module source; returns its path."""
 
-    def make(name: str, value: int = 1, extra: str = "", filename: str | None = None):
+    def make(name: str, value: int = 1, extra: str = "", filename: str | None = None, multi_phase: bool = False):
         path = tmp_path / "src" / (filename or f"{name}.cpp")
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(pymod_source(name, value, extra))
+        path.write_text(pymod_source(name, value, extra, multi_phase))
         return path
 
     return make
@@ -89,7 +103,8 @@ def make_pymod(tmp_path):
 
 class CompilerLog:
     """A CXX wrapper that logs each call's arguments, then runs g++ (or, with $SLOW_MARKER
-    set, first touches that file and sleeps 60 s, to be killed mid-build). With $CXX_RANK_LOG
+    set, a compile (``-c``, not a probe) first writes its command line to that file and sleeps 60 s,
+    to be killed mid-compile). With $CXX_RANK_LOG
     set, each compile also logs the compiling process's $RANK there. None of CXX_LOG,
     CXX_RANK_LOG and SLOW_MARKER is a build-key input; CXX is, so a test's processes share it."""
 
@@ -101,7 +116,7 @@ class CompilerLog:
             "#!/bin/sh\n"
             'if [ -n "$CXX_LOG" ]; then printf \'%s\\n\' "$*" >> "$CXX_LOG"; fi\n'
             'if [ -n "$CXX_RANK_LOG" ]; then case " $* " in *" -c "*) echo "${RANK:-none}" >> "$CXX_RANK_LOG";; esac; fi\n'
-            'if [ -n "$SLOW_MARKER" ]; then touch "$SLOW_MARKER"; sleep 60; fi\n'
+            'if [ -n "$SLOW_MARKER" ]; then case " $* " in *" -c "*) printf \'%s\\n\' "$*" > "$SLOW_MARKER"; sleep 60;; esac; fi\n'
             f'exec {shutil.which("g++") or "g++"} "$@"\n'
         )
         self.path.chmod(0o755)

@@ -1,5 +1,6 @@
 """Example packages built as wheels and installed into fresh venvs, as a user's machine would have
-them (tests/loader/test_downstream.py, tests/clients/test_ds_example.py)."""
+them (tests/loader/test_downstream.py, tests/clients/test_ds_example.py); opforge itself installed
+from a wheel or in editable mode (tests/engine/test_patch_hook.py)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,36 @@ def run_in(py, tmp, code: str | None, compiler: bool = True, args=(), timeout: f
     out = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=str(tmp), timeout=timeout, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
+
+
+#: What a copy of this checkout leaves out: the venv, git, build output.
+CHECKOUT_IGNORE = shutil.ignore_patterns(".git", ".venv", "*.egg-info", "__pycache__", "*.so", ".pytest_cache",
+                                         ".hypothesis", ".cache", "*.whl", ".bench-cache", "build_info.json",
+                                         "build", "dist")
+
+
+def checkout_copy(dest):
+    """A copy of this checkout's sources at ``dest`` (so a build writes nothing into the checkout)."""
+    shutil.copytree(ROOT, dest, ignore=CHECKOUT_IGNORE)
+    return dest
+
+
+def venv_with(tmp, *install_args, timeout: float = 300):
+    """A venv at ``tmp/venv`` where ``pip install --no-deps --no-build-isolation <install_args>`` ran (a
+    wheel, or ``-e <dir>``), with this interpreter's packages (torch, setuptools, opforge's dependencies)
+    reachable after its own site-packages but not this checkout: opforge comes only from what was installed."""
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    inside = lambda p: os.path.abspath(p) == ROOT or os.path.abspath(p).startswith(ROOT + os.sep)  # noqa: E731
+    deps = [p for p in sys.path if p and os.path.isdir(p) and not inside(p)]
+    with open(os.path.join(site, "zz_deps.pth"), "w") as f:
+        f.write("\n".join(dict.fromkeys([*deps, sysconfig.get_paths()["purelib"]])) + "\n")
+    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    run = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-build-isolation",
+                          "-q", *map(str, install_args)], env=env, capture_output=True, text=True, timeout=timeout,
+                         check=False)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return py

@@ -15,6 +15,9 @@ The checks, in order:
   owned by you, not writable by group or others).
 * ``prebuilt <name>``: each kernel built at ``pip install``: its file is there and its
   sha256 matches the record (fail), and it may run under this torch (warn).
+* ``patch torch``: ``OPFORGE_PATCH_TORCH`` on or off, and whether opforge's startup hook is installed
+  in this Python, so that the variable alone patches torch (warn when it is on and the hook is not
+  there; ``doctor_patch.py``).
 * ``trial build`` (not with ``--no-build``): build the selftest kernel's best C++ variant
   into the JIT cache, load it in a child process and check ``axpy`` against torch.
 
@@ -52,7 +55,7 @@ from .. import settings as settings_mod
 from ..errors import BuildError, CacheError, OpforgeError, UnsafeCacheError
 from ..extension import CACHED
 from ..platform import Platform
-from . import remote_cmd
+from . import doctor_patch, remote_cmd
 from .doctor_checks import FAIL, OK, WARN, Check
 
 SCHEMA = "opforge.doctor/1"
@@ -291,6 +294,7 @@ def run_checks(platform: Platform, settings: settings_mod.Settings, prebuilt: pr
     checks.append(cache_check)
     checks += check_prebuilt(prebuilt, platform)
     checks += remote_cmd.check_remote(settings)
+    checks.append(doctor_patch.check(settings))
     for package in other_packages():  # the kernels other packages prebuilt (their opforge.kernels entry points)
         checks += check_prebuilt(prebuilt_mod.for_package(package), platform, package)
     if build:

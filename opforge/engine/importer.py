@@ -6,6 +6,18 @@
   ``<name>_v<N>.<name>``. The ``.<name>`` tail keeps CPython's init hook ``PyInit_<name>``;
   the new package part keeps pybind11 (>= 3), which hands back the module it already made
   for a spec name, from returning the old module. torch names its rebuilds ``<name>_v<N>``.
+* A Python module is put in ``sys.modules`` under its extension name, as torch 1.x's loader left it,
+  so ``load(...); importlib.import_module(name)`` works (StyleGAN's custom ops and their forks do
+  that; torch 2.x's loader puts nothing there, and a pybind11 >= 3 module, initialised in two
+  phases, doesn't put itself there either). After a rebuild the name holds the new build: the rule
+  is that ``sys.modules[name]`` is what ``load()`` last returned for that name in this process (a
+  build already imported, asked for again, takes the name back), because the user who edits a
+  source and loads again, in a notebook or through a plugin loader, wants the import that follows
+  to give the code they just built, as ``load()``'s own return does. The earlier module object
+  stays valid for whoever holds it. A module of that name that opforge did not load (a package,
+  a test's stand-in, torch's own build) is never replaced: the first time, a notice says so and
+  ``load()``'s return value is the way to the build. A single-phase module puts itself in
+  ``sys.modules`` while it is created, over whatever was there: what held the name is put back.
 * A library (``is_python_module=False``) whose sources define operators (``TORCH_LIBRARY``)
   can't be loaded twice: the dispatcher refuses a second definition of a namespace, from a
   static initialiser, which aborts the process (torch's ``load()`` does that). A rebuilt one is
@@ -16,6 +28,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import threading
 from collections.abc import Iterable
 
@@ -26,32 +39,82 @@ from . import bindings
 _LOADED: dict[str, object] = {}
 #: extension name -> the binaries opened under it in this process, in order.
 _BY_NAME: dict[str, list[str]] = {}
+#: binary path -> the extension name its Python module was imported for.
+_MODULE_NAMES: dict[str, str] = {}
+#: extension name -> the module opforge last put in sys.modules under it.
+_PUBLISHED: dict[str, object] = {}
+#: names whose sys.modules slot holds a module opforge did not load (said once).
+_FOREIGN_SAID: set[str] = set()
 _LOCK = threading.RLock()
 
 
 def loaded(path: str):
-    """What was returned for ``path`` in this process, or None."""
-    return _LOADED.get(path)
+    """What was returned for ``path`` in this process, or None. A Python module found here is about
+    to be returned by ``load()`` again: it takes its name in ``sys.modules`` back (see the module)."""
+    with _LOCK:
+        found = _LOADED.get(path)
+        if found is not None and path in _MODULE_NAMES:
+            _take_name(_MODULE_NAMES[path], found, None)
+        return found
 
 
-def import_module(name: str, path: str, notice=None):
-    """Import the Python extension module at ``path`` (built as ``name``)."""
+def import_module(name: str, path: str, notice=None, warn=None):
+    """Import the Python extension module at ``path`` (built as ``name``) and put it in
+    ``sys.modules[name]`` unless another module holds that name. ``notice`` gets what a verbose load
+    says; ``warn`` what is always said (default: stderr), here once per name: a foreign module there."""
     with _LOCK:
         if path in _LOADED:
-            return _LOADED[path]
+            module = _LOADED[path]
+            _take_name(name, module, warn)
+            return module
         earlier = _BY_NAME.setdefault(name, [])
         spec_name = f"{name}_v{len(earlier)}.{name}" if earlier else name
         if earlier and notice is not None:
             notice(f"{name} was rebuilt from other sources: importing the new build as {spec_name} (the "
-                   f"module imported before, from {earlier[-1]}, is unchanged)")
+                   f"module imported before, from {earlier[-1]}, is unchanged; {name} now names the new one)")
         module_spec = importlib.util.spec_from_file_location(spec_name, path)
         if module_spec is None or module_spec.loader is None:
             raise ImportError(f"cannot import {path}")
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
+        holder = sys.modules.get(spec_name, _ABSENT)
+        try:
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        finally:  # a single-phase module sets sys.modules[spec_name] itself while it is created
+            if holder is _ABSENT:
+                sys.modules.pop(spec_name, None)
+            else:
+                sys.modules[spec_name] = holder
         earlier.append(path)
         _LOADED[path] = module
+        _MODULE_NAMES[path] = name
+        _take_name(name, module, warn)
         return module
+
+
+_ABSENT = object()
+
+
+def _take_name(name: str, module, warn) -> None:
+    """``sys.modules[name] = module``, unless a module opforge did not load holds the name."""
+    holder = sys.modules.get(name, _ABSENT)
+    if holder is _ABSENT or holder is module or holder is _PUBLISHED.get(name):
+        sys.modules[name] = _PUBLISHED[name] = module  # free, or opforge's own earlier build: the newer load takes it
+        return
+    if name not in _FOREIGN_SAID:
+        _FOREIGN_SAID.add(name)
+        (warn or _stderr)(
+            f"sys.modules[{name!r}] already holds another module ({_describe(holder)}), so the {name} that opforge "
+            f"loaded is not put there: use the module load() returns (importlib.import_module({name!r}) gives the "
+            "other one)")
+
+
+def _describe(module) -> str:
+    where = getattr(module, "__file__", None)
+    return f"from {where}" if where else repr(module)
+
+
+def _stderr(message: str) -> None:
+    print(f"opforge: {message}", file=sys.stderr, flush=True)
 
 
 def load_library(name: str, path: str, sources: Iterable[str] = ()) -> str:

@@ -1,0 +1,89 @@
+"""opforge's startup hook: ``OPFORGE_PATCH_TORCH=1 python train.py`` patches torch with no ``import opforge``.
+
+opforge's wheel (and an editable install) puts ``opforge-patch-torch.pth`` in site-packages, one line
+(:data:`PTH_LINE`) that Python's ``site`` runs at every start-up. With the variable unset or ``0`` the
+line is a dict lookup and nothing is imported. Otherwise it imports this module, a top-level one so
+that opforge's package (and torch) are not imported at start-up, and calls :func:`install`, which
+puts an import hook first on ``sys.meta_path``. The hook waits for ``torch.utils.cpp_extension``:
+when that module has run, and before the importer takes names from it (``from
+torch.utils.cpp_extension import load`` gets the patched one), it imports opforge and calls
+``opforge.patch.patch_by_setting()``, which reads the variable (a value other than 0 or 1 is a
+``ValueError`` there) and patches. The hook then leaves ``sys.meta_path``.
+
+Stdlib only, and no environment read here: ``opforge/settings.py`` reads the variable.
+"""
+
+from __future__ import annotations
+
+import _thread
+import sys
+
+#: The module the hook waits for.
+TARGET = "torch.utils.cpp_extension"
+#: The startup file's name. ``site`` reads ``.pth`` files in name order: this one comes after an
+#: editable install's ``__editable__.*.pth``, which makes this module importable.
+PTH_NAME = "opforge-patch-torch.pth"
+#: The startup file's one line. ``site`` runs a line that starts with ``import``.
+PTH_LINE = ('import os; os.environ.get("OPFORGE_PATCH_TORCH", "0").strip() in ("", "0") or '
+            '__import__("_opforge_startup").install()\n')
+
+_LOCK = _thread.allocate_lock()  # not threading, whose import cost more than this module (bench/startup_hook.py)
+
+
+def install() -> None:
+    """Patch torch's ``load`` / ``load_inline`` as soon as ``torch.utils.cpp_extension`` is imported (now, if it is)."""
+    if sys.modules.get(TARGET) is not None:
+        _patch()
+        return
+    with _LOCK:
+        if not any(isinstance(f, _Finder) for f in sys.meta_path):
+            sys.meta_path.insert(0, _Finder())
+
+
+def uninstall() -> None:
+    with _LOCK:
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Finder)]
+
+
+def _patch() -> None:
+    from opforge import patch
+
+    patch.patch_by_setting()
+
+
+class _Finder:
+    """Finds nothing itself: wraps the loader the other finders give for :data:`TARGET`."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != TARGET:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader)
+                return spec
+        return None
+
+    def invalidate_caches(self) -> None:
+        pass
+
+
+class _PatchingLoader:
+    """torch's own loader, then the patch, before the module is handed to its importer."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        _patch()  # a ValueError (a bad OPFORGE_PATCH_TORCH) fails this import, and the next one the same way
+        uninstall()
+
+    def __getattr__(self, name):  # get_source, get_filename, is_package, ...: torch's loader's
+        return getattr(self._loader, name)
