@@ -12,10 +12,17 @@ are not called: those call torch's ``load`` with a build directory of their own.
 * Their checks run through ``checks.py``: ``is_available()``/``is_hardware_available()`` answer
   "is the hardware here", ``assert_compatible()``/``assert_hardware_compatible()`` "can it be built
   and run", and a failed assertion is ``Rejected(its message)``.
-* Flags that break portability are fixed, with one notice: ``-march=native`` (a binary tuned to the
-  build host, which crashes elsewhere) becomes one extension per CPU ISA, ``<name>_avx512``,
-  ``_avx2``, ``_neon``, ``_scalar``, each with opforge's explicit flags; of several ``-std=`` flags
-  the last (the one the compiler would use) is kept.
+* Flags that break portability are fixed, with one notice (``DeclarationWarning``): ``-march=native``
+  (a binary tuned to the build host, which crashes elsewhere) becomes one extension per CPU ISA of the
+  class's own architecture, each with opforge's explicit flags: ``<name>_avx512``, ``_avx2`` and
+  ``_scalar`` for an x86 class, ``_neon`` and ``_scalar`` for an Arm one, all four when nothing says
+  which. The architecture is read from the class itself (``isa.declared_machine``): its flags
+  (``-mavx2``, ``-march=armv8-a``), then the literals of its checks (ColossalAI's
+  ``platform.machine() == "aarch64"``), then its names (``CpuAdamX86Extension``, ``cpu_adam_arm``).
+  Of several ``-std=`` flags the last (the one the compiler would use) is kept.
+* Sources are taken as ``sources_files()`` gives them: absolute (ColossalAI's are), or relative to the
+  current directory, as torch's ``load`` would take them; the class needs no file of its own (one
+  declared in a notebook or under ``python -c`` is adopted the same way).
 * Priorities: theirs orders their classes (×100), the ISA orders a class's variants.
 * A method that raises while the declaration is read (ColossalAI's ``include_dirs()`` wants
   ``CUDA_HOME``) rejects the extension with that error, rather than failing the registration.
@@ -23,6 +30,7 @@ are not called: those call torch's ``load`` with a build directory of their own.
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from typing import ClassVar
@@ -31,7 +39,7 @@ from . import checks
 from . import isa as isa_mod
 from .decision import Decision, Rejected, first_rejection
 from .extension import CompiledExtension, CppExtension, CudaExtension, Extension
-from .notices import warn_once
+from .notices import DeclarationWarning, warn_once
 
 #: What a class needs to be adopted: the methods that declare what it builds.
 SHAPE = ("sources_files", "cxx_flags")
@@ -106,7 +114,7 @@ def _read(obj, method: str, errors: list[str]) -> list[str]:
 
 def adopt(cls: type, kind: str) -> list[type[Extension]]:
     """The opforge extensions declared from ``cls`` for the kernel kind ``kind`` (made once per class
-    and kind): one per CPU ISA when its flags ask for ``-march=native``, else one."""
+    and kind): one per CPU ISA of its architecture when its flags ask for ``-march=native``, else one."""
     with _LOCK:
         key = (cls, kind)
         if key not in _ADOPTED:
@@ -125,7 +133,8 @@ def _declare(cls: type, kind: str) -> list[type[Extension]]:
     errors: list[str] = []
     sources = _read(obj, "sources_files", errors)
     includes = _read(obj, "include_dirs", errors) if hasattr(obj, "include_dirs") else []
-    cflags, native, notes = clean_flags(_read(obj, "cxx_flags", errors))
+    raw_cflags = _read(obj, "cxx_flags", errors)
+    cflags, native, notes = clean_flags(raw_cflags)
     cuda = any(os.path.splitext(s)[1] in (".cu", ".cuh") for s in sources)  # nvcc's flags matter only then
     nvcc_flags, _, cuda_notes = clean_flags(_read(obj, "nvcc_flags", errors) if cuda and hasattr(obj, "nvcc_flags")
                                             else [])
@@ -140,8 +149,14 @@ def _declare(cls: type, kind: str) -> list[type[Extension]]:
         "__module__": cls.__module__, "__doc__": f"{where}, adopted by opforge (opforge/adopt.py).",
     }
     priority = int(getattr(obj, "priority", 0) or 0) * 100
+    machine, why = None, ""
+    if native and not cuda:  # one variant per CPU ISA: of its own architecture, when it says which
+        machine, why = isa_mod.declared_machine(raw_cflags, _check_sources(cls),
+                                                [cls.__name__, name, *isa_mod.source_names(sources)])
     if notes or cuda_notes:
-        warn_once(f"{name} ({where}): opforge dropped {', '.join(dict.fromkeys(notes + cuda_notes))}")
+        only = f"; its variants are for {machine} only: {why}" if machine else ""
+        warn_once(f"{name} ({where}): opforge dropped {', '.join(dict.fromkeys(notes + cuda_notes))}{only}",
+                  DeclarationWarning)
     if cuda:
         attrs = {**base_attrs, "name": name, "priority": priority + 50}
         return [type(cls.__name__, (AdoptedExtension, CudaExtension), attrs)]
@@ -150,7 +165,20 @@ def _declare(cls: type, kind: str) -> list[type[Extension]]:
         return [type(cls.__name__, (AdoptedExtension, CppExtension), attrs)]
     return [type(f"{cls.__name__}_{suffix}", (AdoptedExtension, CppExtension),
                  {**base_attrs, "name": f"{name}_{suffix}", "priority": priority + rank, "isa": target})
-            for suffix, target, rank in isa_mod.CPU_VARIANTS]
+            for suffix, target, rank in isa_mod.variants_for(machine)]
+
+
+def _check_sources(cls: type) -> list[str]:
+    """The source text of the checks ``cls`` answers with (``checks.AVAILABLE``/``COMPATIBLE``), for
+    ``isa.declared_machine``; a check with no source to read (declared in a notebook cell, a builtin)
+    says nothing."""
+    texts = []
+    for method in dict.fromkeys(getattr(cls, m, None) for m in (*checks.AVAILABLE, *checks.COMPATIBLE)):
+        try:
+            texts.append(inspect.getsource(method))
+        except (OSError, TypeError):
+            continue
+    return texts
 
 
 def describe(ext) -> str | None:

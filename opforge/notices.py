@@ -1,5 +1,13 @@
 """Warnings opforge gives its users: each message once per process, attributed to the user's line.
 
+Two channels, so a user can filter one without the other:
+
+* :class:`KernelFallbackWarning`: an implementation could not be used and the next one was
+  taken (a failed build, a prebuilt binary passed over, a better variant this machine could run);
+* :class:`DeclarationWarning`: opforge read an extension's declaration otherwise than it is
+  written: it dropped a flag (``-march=native`` of an adopted class), or resolved the relative
+  sources of a class that has no file (a notebook cell, ``python -c``) against the current directory.
+
 A warning's location is what Python prints and what filters match on. opforge's warnings are
 raised deep inside the loader, often under torch's dispatch or an import, so a fixed
 ``stacklevel`` would name opforge's or torch's code. :func:`user_stacklevel` walks out to the
@@ -15,6 +23,10 @@ import warnings
 
 class KernelFallbackWarning(UserWarning):
     """An implementation could not be used, and the loader moved on to the next one."""
+
+
+class DeclarationWarning(UserWarning):
+    """opforge changed or completed an extension's declaration: a flag dropped, a directory assumed."""
 
 
 _OPFORGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep

@@ -12,14 +12,13 @@ import argparse
 import os
 import sys
 
-from ..bench.model import Options
-from ..bench.suites import SUITES
+from ..bench import KINDS  # the suites themselves are torch code: imported by a run, not by --help
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="time opforge's kernels against torch (and DeepSpeed) on this machine",
                        description=__doc__.split("\n\n")[0].replace("``", ""))
-    p.add_argument("kinds", nargs="*", metavar="KIND", help=f"only these families ({', '.join(SUITES)}; "
+    p.add_argument("kinds", nargs="*", metavar="KIND", help=f"only these families ({', '.join(KINDS)}; "
                    "default: all)")
     p.add_argument("--quick", action="store_true", help="a few small sizes, under a minute on 2 cores (a check, "
                    "not a measurement to quote)")
@@ -50,7 +49,7 @@ def argument_error(args) -> str | None:
     """What is wrong with the arguments (checked before anything runs), or None."""
     from .report_cmd import unknown_kinds
 
-    bad = unknown_kinds(args.kinds, SUITES)
+    bad = unknown_kinds(args.kinds, KINDS)
     if bad:
         return bad
     if args.repeats is not None and args.repeats < 1:
@@ -76,6 +75,7 @@ def cmd_bench(args) -> int:
 
     from ..bench import report as report_mod
     from ..bench import table
+    from ..bench.model import Options
 
     options = Options(quick=args.quick, compile=(not args.quick) if args.compile is None else args.compile)
     err = Console(stderr=True)

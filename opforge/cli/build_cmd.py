@@ -27,7 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 
-from .. import __version__, registry
+from .. import __version__
 from .. import prebuilt as prebuilt_mod
 from .. import settings as settings_mod
 from ..engine.progress import Reporter
@@ -107,6 +107,8 @@ def selection(tokens, use_all: bool, known: dict) -> tuple[dict[str, set[str] | 
         if token in known:
             chosen[token] = None
             continue
+        from .. import registry  # the kernel families (torch code): imported when asked for, not by `--help`
+
         ext = registry.find_extension(token)
         if ext is None or ext.kind not in known:
             bad.append(token)
@@ -291,6 +293,7 @@ def _run_with_progress(planned, settings, jobs, tty: bool, quiet: bool) -> list[
 
 
 def cmd_build(args) -> int:
+    from .. import registry
     from ..platform import current
 
     error = user_modules.import_all(args.imports)

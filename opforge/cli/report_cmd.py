@@ -19,7 +19,7 @@ import json
 import os
 import sys
 
-from .. import __version__, adopt, registry
+from .. import __version__, adopt
 from .. import prebuilt as prebuilt_mod
 from .. import settings as settings_mod
 from ..platform import Platform
@@ -114,6 +114,7 @@ def prebuilt_json(pb: prebuilt_mod.Prebuilt, platform: Platform) -> dict:
 
 def collect(kinds=(), platform: Platform | None = None, prebuilt: prebuilt_mod.Prebuilt | None = None) -> dict:
     """The report as a JSON-able dict (see the module docstring). ``kinds`` must be valid."""
+    from .. import registry  # the kernel families, which are torch code: imported by a report, not by its --help
     from ..platform import current
 
     platform = platform or current(settings_mod.current())
@@ -239,9 +240,11 @@ def prebuilt_rows(pb: dict) -> list[tuple[str, str]]:
 
 
 def prebuilt_sections(data: dict) -> list[tuple[str, dict]]:
-    """("prebuilt kernels", opforge's record), then one per other package with kernels listed."""
+    """("prebuilt kernels", opforge's record), then one per other package that has a record: a package
+    installed without prebuilt kernels, or none at all (an adopted class's module, ``__main__``), has no
+    section, only its ``present: false`` in the JSON."""
     return [("prebuilt kernels", data["prebuilt"])] + \
-        [(f"prebuilt kernels of {pb['package']}", pb) for pb in data.get("packages", [])]
+        [(f"prebuilt kernels of {pb['package']}", pb) for pb in data.get("packages", []) if pb["present"]]
 
 
 CANDIDATE_COLUMNS = ("", "name", "backend", "priority", "available", "compatible", "state", "detail")
@@ -312,6 +315,8 @@ def print_rich(data: dict, console=None) -> None:
 
 
 def cmd_report(args) -> int:
+    from .. import registry
+
     error = user_modules.import_all(args.imports)
     if error:
         print(f"opforge report: {error}", file=sys.stderr)

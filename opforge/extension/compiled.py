@@ -3,8 +3,10 @@ time by setuptools, found prebuilt → cached → built."""
 
 from __future__ import annotations
 
-import inspect
 import os
+import sys
+import threading
+import weakref
 from typing import ClassVar
 
 from .. import compat
@@ -13,7 +15,7 @@ from .. import settings as settings_mod
 from ..decision import Accepted, Decision, Rejected
 from ..errors import OpforgeError
 from ..loaded import LoadedKernel
-from ..notices import warn_once
+from ..notices import DeclarationWarning, warn_once
 from ..status import CACHED, FAILED, NEEDS_BUILD, PREBUILT, Status
 from .base import Extension
 
@@ -43,22 +45,37 @@ class CompiledExtension(Extension):
             raise TypeError(f"{where}: a {cls.backend} extension needs `sources`")
         for path in cls.source_paths():
             if not os.path.isfile(path):
-                raise TypeError(f"{where}: source {path} does not exist")
+                why = ""
+                if _declaring_file(cls) is None:
+                    why = (" (it is declared where there is no file, so its relative sources are looked for in the "
+                           "current directory: give absolute paths, or run from the directory that holds them)")
+                raise TypeError(f"{where}: source {path} does not exist{why}")
         if cls.python_module and cls.stable_abi:
             raise TypeError(f"{where}: a Python module (python_module = True) uses CPython's and torch's C++ APIs, "
                             "so it can't be a stable-ABI build: drop `stable_abi`")
 
     @classmethod
     def source_dir(cls) -> str:
-        return os.path.dirname(os.path.abspath(inspect.getfile(cls)))
+        """The directory its relative ``sources`` and ``include_dirs`` are resolved against: that of the
+        module that declares the class. A class with no file (declared in a notebook cell, a REPL,
+        ``python -c``) gets the current directory, said once (``DeclarationWarning``). Found once per
+        class, and kept: a later ``chdir`` doesn't move its sources."""
+        with _SOURCE_DIRS_LOCK:
+            found = _SOURCE_DIRS.get(cls)
+            if found is None:
+                path = _declaring_file(cls)
+                found = _SOURCE_DIRS[cls] = os.path.dirname(os.path.abspath(path)) if path else os.getcwd()
+                if not path:
+                    _say_no_file(cls, found)
+            return found
 
     @classmethod
     def source_paths(cls) -> list[str]:
-        return [os.path.join(cls.source_dir(), s) for s in cls.sources]
+        return _resolve(cls, cls.sources)
 
     @classmethod
     def include_paths(cls) -> list[str]:
-        return [os.path.join(cls.source_dir(), d) for d in cls.include_dirs]
+        return _resolve(cls, cls.include_dirs)
 
     @property
     def namespace(self) -> str:
@@ -185,6 +202,35 @@ class CompiledExtension(Extension):
         if not loaded:
             importer.load_library(self.name, path, self.source_paths())
         return LoadedKernel(self.name, self.kind, self.backend, origin, path, getattr(torch.ops, self.namespace))
+
+
+_SOURCE_DIRS: weakref.WeakKeyDictionary[type, str] = weakref.WeakKeyDictionary()
+_SOURCE_DIRS_LOCK = threading.Lock()
+
+
+def _resolve(cls, paths) -> list[str]:
+    """``paths`` made absolute against ``cls.source_dir()``; absolute ones need no directory (nor a file)."""
+    if all(os.path.isabs(p) for p in paths):
+        return list(paths)
+    base = cls.source_dir()
+    return [os.path.join(base, p) for p in paths]
+
+
+def _say_no_file(cls, directory: str) -> None:
+    """The one notice for a class with no file, naming the class whose body declares its sources (the
+    variants ``register_cpu_variants`` makes of one base share it)."""
+    declarer = next((k for k in cls.__mro__ if "sources" in vars(k)), cls)
+    relative = [p for p in (*cls.sources, *cls.include_dirs) if not os.path.isabs(p)]
+    what = "sources and include dirs" if any(not os.path.isabs(d) for d in cls.include_dirs) else "sources"
+    warn_once(f"{declarer.__module__}.{declarer.__qualname__} is declared where there is no file (a notebook cell, a "
+              f"REPL, python -c), so opforge resolves its relative {what} ({', '.join(relative)}) against the current "
+              f"directory, {directory}; give absolute paths to say where they are", DeclarationWarning)
+
+
+def _declaring_file(cls) -> str | None:
+    """The file of the module that declares ``cls``; None when it has none: ``__main__`` under a notebook
+    (IPython's user module), a REPL or ``python -c``, or a module made in memory."""
+    return getattr(sys.modules.get(cls.__module__), "__file__", None) or None
 
 
 class CppExtension(CompiledExtension):

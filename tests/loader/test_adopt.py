@@ -6,16 +6,22 @@ ColossalAI's own CPU Adam classes, from its sdist, are in tests/clients/test_col
 
 from __future__ import annotations
 
+import io
 import itertools
+import platform
+import warnings
 
 import pytest
 
+import opforge
 from opforge import adopt
-from opforge.cli.report_cmd import candidate_json
+from opforge import loader as loader_mod
+from opforge.cli.report_cmd import candidate_json, collect, print_plain
 from opforge.extension import TorchExtension
 from opforge.loader import KernelLoader
 
-pytestmark = pytest.mark.filterwarnings("ignore::opforge.KernelFallbackWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::opforge.KernelFallbackWarning"),
+              pytest.mark.filterwarnings("ignore::opforge.DeclarationWarning")]
 _ids = itertools.count()
 
 SOURCE = r"""
@@ -68,17 +74,18 @@ class SeedExtension:
     build_aot = load = build_jit
 
 
-def seed_kind(tmp_path, **methods):
+def seed_kind(tmp_path, class_name="SeedTriple", ext_name="seed{n}_triple", **methods):
     """A fresh kind with one ColossalAI-shaped class (``methods`` override its own) and a torch fallback."""
     n = next(_ids)
     src = tmp_path / f"seed{n}.cpp"
     src.write_text(SOURCE)
+    name = ext_name.format(n=n)
 
     def init(self):
-        SeedExtension.__init__(self, name=f"seed{n}_triple", priority=2)
+        SeedExtension.__init__(self, name=name, priority=2)
 
-    theirs = type(f"SeedTriple{n}", (SeedExtension,), {"__init__": init, "sources_files": lambda self: [str(src)],
-                                                        **methods})
+    theirs = type(f"{class_name}{n}", (SeedExtension,), {"__init__": init, "sources_files": lambda self: [str(src)],
+                                                          **methods})
 
     class Loader(KernelLoader):
         pass
@@ -87,7 +94,7 @@ def seed_kind(tmp_path, **methods):
     assert Loader.register_extension(theirs) is theirs  # usable as a decorator: their class comes back
     Loader.register_extension(type(f"Ref{n}", (TorchExtension,), {"name": f"seed{n}_torch", "kind": Loader.kind,
                                                                    "module": "toy_reference"}))
-    return Loader, theirs, f"seed{n}_triple"
+    return Loader, theirs, name
 
 
 def test_clean_flags_drops_native_and_all_but_the_last_std():
@@ -128,7 +135,7 @@ def test_their_failed_assertion_is_rejected_with_its_message_and_the_loader_fall
 def test_is_available_false_says_so_and_names_the_machine(cache_dir, tmp_path):
     Loader, theirs, name = seed_kind(tmp_path, is_available=lambda self: False)
     c = next(c for c in Loader().candidates() if c.name == f"{name}_scalar")
-    assert c.available.reason.startswith(f"{theirs.__name__}.is_available() returned False on this ")
+    assert c.available.reason == f"{theirs.__name__}.is_available() returned False on this {platform.machine()} machine"
 
 
 def test_a_method_that_raises_while_read_rejects_the_extension_not_the_registration(cache_dir, tmp_path):
@@ -169,3 +176,80 @@ def test_something_else_is_still_refused():
 
     with pytest.raises(TypeError, match=r"a subclass of opforge.Extension, or a class written the ColossalAI way"):
         Loader.register_extension(object)
+
+
+# -- the architecture an adopted class is written for: only its own ISA variants (issue 33)
+
+def _variants(Loader, name):
+    return [c.name[len(name) + 1:] for c in Loader().candidates() if c.name.startswith(name + "_")]
+
+
+@pytest.mark.parametrize("class_name, ext_name, variants", [
+    ("CpuAdamArmExtension", "cpu_adam_arm{n}", ["neon", "scalar"]),  # ColossalAI's own names
+    ("CpuAdamX86Extension", "cpu_adam_x86{n}", ["avx512", "avx2", "scalar"]),
+    ("NeonKernel", "seed{n}_kernel", ["neon", "scalar"]),
+    ("Avx2Kernel", "seed{n}_kernel", ["avx512", "avx2", "scalar"]),
+    ("FarmKernel", "seed{n}_warmup", ["avx512", "avx2", "neon", "scalar"]),  # "arm" inside a word says nothing
+])
+def test_native_gives_only_the_variants_of_the_architecture_its_names_say(tmp_path, class_name, ext_name, variants):
+    Loader, _, name = seed_kind(tmp_path, class_name=class_name, ext_name=ext_name)
+    assert _variants(Loader, name) == variants
+
+
+def test_their_flags_say_the_architecture_before_their_names(tmp_path):
+    Loader, _, name = seed_kind(tmp_path, class_name="CpuAdamX86Extension",
+                                cxx_flags=lambda self: ["-O3", "-march=native", "-march=armv8.2-a+fp16"])
+    assert _variants(Loader, name) == ["neon", "scalar"]
+    Loader, _, name = seed_kind(tmp_path, cxx_flags=lambda self: ["-O3", "-march=native", "-mavx2"])
+    assert _variants(Loader, name) == ["avx512", "avx2", "scalar"]
+
+
+class ArmOnly(SeedExtension):
+    """Its names say nothing; its checks do, as ColossalAI's CpuAdamArmExtension's."""
+
+    def is_available(self) -> bool:
+        return platform.machine() == "aarch64"
+
+    def assert_compatible(self) -> None:
+        arch = platform.machine()
+        assert arch == "aarch64", f"[extension] requires the CPU architecture to be aarch64 but got {arch}"
+
+
+def test_their_checks_say_the_architecture(tmp_path):
+    Loader, _, name = seed_kind(tmp_path, is_available=ArmOnly.is_available, assert_compatible=ArmOnly.assert_compatible)
+    assert _variants(Loader, name) == ["neon", "scalar"]
+
+
+def test_checks_with_no_source_to_read_say_nothing_and_all_variants_stay(tmp_path):
+    checks = {}
+    exec(compile("def is_available(self):\n    return __import__('platform').machine() == 'aarch64'\n",
+                 "<ipython-input-4-def>", "exec"), checks)
+    Loader, _, name = seed_kind(tmp_path, is_available=checks["is_available"])
+    assert _variants(Loader, name) == ["avx512", "avx2", "neon", "scalar"]
+
+
+def test_the_native_notice_is_a_declaration_warning_said_once(tmp_path):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        Loader, theirs, name = seed_kind(tmp_path, class_name="CpuAdamArmExtension")
+        Loader.register_extension(theirs)
+        Loader().candidates()
+    said = [w for w in seen if "-march=native" in str(w.message)]
+    assert [w.category for w in said] == [opforge.DeclarationWarning]
+    assert str(said[0].message) == (
+        f"{name} (test_adopt.{theirs.__qualname__}): opforge dropped -march=native (one variant per CPU ISA instead), "
+        "-std=c++14 (-std=c++17 comes later); its variants are for aarch64 only: its names say aarch64 "
+        f"({theirs.__name__})")
+    assert not [w for w in seen if issubclass(w.category, opforge.KernelFallbackWarning)]
+
+
+def test_the_report_has_no_empty_section_for_the_adopted_package(cache_dir, tmp_path, monkeypatch):
+    Loader, theirs, name = seed_kind(tmp_path, cxx_flags=lambda self: ["-O3"])
+    monkeypatch.setitem(loader_mod._LOADERS, Loader.kind, Loader)  # in the report, for this test only
+    assert Loader().extensions()[0].aot_package == "test_adopt._C"  # a package that has no prebuilt record
+    data = collect((Loader.kind,))
+    out = io.StringIO()
+    print_plain(data, out)
+    text = out.getvalue()
+    assert "prebuilt kernels of" not in text and "\nprebuilt kernels\n" in text  # opforge's own stays
+    assert [p["package"] for p in data["packages"]] == ["test_adopt._C"]  # the JSON still lists it (present: false)
