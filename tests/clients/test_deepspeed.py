@@ -18,6 +18,8 @@ from types import SimpleNamespace
 import pytest
 from conftest import ROOT, CompilerLog, kill_session, run_python
 
+from opforge.engine.lock import read_holder
+
 if os.environ.get("OPFORGE_TEST_REQUIRE_CLIENTS") == "1":
     import deepspeed  # noqa: F401  (CI: a missing DeepSpeed is a failure, not a skip)
 else:
@@ -48,42 +50,48 @@ print(json.dumps({"file": m.__file__, "took": took, "ninja": "ninja" in sys.modu
 """
 
 
-def _load(env: dict) -> dict:
+def _load(env: dict, with_stderr: bool = False):
     out = run_python(_LOAD, env={"DS_BUILD_OPS": "0", **env}, timeout=900)
     assert out.returncode == 0, out.stderr[-4000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    return (got, out.stderr) if with_stderr else got
 
 
 @pytest.fixture(scope="module")
 def patched(tmp_path_factory):
-    """DeepSpeed's cpu_adam built once under the patch, into a cache of its own, with a counting CXX."""
+    """DeepSpeed's cpu_adam built once under the patch, into a cache of its own, with a counting CXX.
+    First a build is killed with -9 mid-compile (its lock dies with it); the next load builds at once."""
     tmp = tmp_path_factory.mktemp("deepspeed")
     cxx = CompilerLog(tmp)
     env = {"OPFORGE_PATCH_TORCH": "1", "OPFORGE_CACHE_DIR": str(tmp / "cache"), "OPFORGE_CCACHE": "0",
            "TORCH_NO_COMPILER_WRAPPER": "1",  # torch >= 2.10 puts ccache in front when installed: count real compiles
            "TORCH_EXTENSIONS_DIR": str(tmp / "torch_extensions"), "CXX": str(cxx.path), "CXX_LOG": str(cxx.log)}
-    # The first build is killed with -9 mid-compile (its lock dies with it); the next load builds at once.
-    _killed_mid_build(env, tmp / "compiling")
+    killed = _killed_mid_build(env, tmp / "compiling")
+    holders = [read_holder(str(p)[: -len(".holder")]) for p in (tmp / "cache" / "cpu_adam").glob("*.lock.holder")]
+    before = len(cxx.compiles())
     started = time.monotonic()
-    cold = _load(env)
-    return SimpleNamespace(tmp=tmp, env=env, cxx=cxx, cold=cold, built=len(cxx.compiles()),
-                           after_kill_s=time.monotonic() - started)
+    cold, cold_err = _load(env, with_stderr=True)
+    total = len(cxx.compiles())
+    return SimpleNamespace(tmp=tmp, env=env, cxx=cxx, cold=cold, cold_err=cold_err, built=total - before, total=total,
+                           after_kill_s=time.monotonic() - started, killed=killed, holders=holders)
 
 
 def test_cpu_adam_builder_builds_once_through_opforge_then_loads_warm(patched):
     cold, env, cxx = patched.cold, patched.env, patched.cxx
     assert cold["file"].startswith(env["OPFORGE_CACHE_DIR"]) and cold["patched"]
     assert cold["err"] < 1e-5  # DeepSpeed's own kernel, built by opforge, steps as torch's AdamW does
-    assert patched.built >= 1
+    assert patched.built == 2  # one compile per source: cpu_adam.cpp and cpu_adam_impl.cpp
+    assert sorted(os.path.basename(c.split(" -c ")[1].split()[0]) for c in patched.cxx.compiles()[-2:]) == [
+        "cpu_adam.cpp", "cpu_adam_impl.cpp"]
 
     warm = _load(env)  # a new process: the cache's entry, no compile, no ninja imported
     assert warm["file"] == cold["file"] and not warm["ninja"] and warm["bits"] == cold["bits"]
-    assert len(cxx.compiles()) == patched.built
+    assert len(cxx.compiles()) == patched.total
 
     # The patch off: torch's own load builds it again, in its own directory, and it computes the same bits.
     off = _load({**env, "OPFORGE_PATCH_TORCH": "0"})
     assert off["file"].startswith(env["TORCH_EXTENSIONS_DIR"]) and not off["patched"]
-    assert len(cxx.compiles()) > patched.built
+    assert len(cxx.compiles()) > patched.total
     assert off["bits"] == cold["bits"]  # one pybind extension built by both: identical results
 
 
@@ -127,15 +135,16 @@ def test_deepspeeds_cpu_adam_cases_that_run_on_a_cpu_pass_against_the_opforge_bu
         assert diff < (1e-6 if dtype == "torch.float32" else 1e-2), (dtype, size, diff)
 
 
-def _killed_mid_build(env: dict, marker) -> None:
-    """Start DeepSpeed's load in a new session, wait until its compiler runs (the CXX wrapper touches
-    ``marker``, then sleeps), and kill -9 the whole session: a build killed with its holder."""
+def _killed_mid_build(env: dict, marker) -> SimpleNamespace:
+    """Start DeepSpeed's load in a new session, wait until the compiler runs a real compile (the CXX
+    wrapper writes a ``-c`` command line to ``marker``, then sleeps; probes pass), and kill -9 the whole
+    session: a build killed with its holder. Returns the victim's pid and the compile it was in."""
     full = dict(os.environ, PYTHONPATH=ROOT, DS_BUILD_OPS="0", SLOW_MARKER=str(marker), **env)
     victim = subprocess.Popen([sys.executable, "-c", _LOAD], env=full, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
-        while not marker.exists():
+        while not (marker.exists() and marker.read_text().strip()):
             if victim.poll() is not None:
                 pytest.fail(f"DeepSpeed's load exited before compiling:\n{victim.stderr.read().decode()[-3000:]}")
             assert time.monotonic() < deadline, "the compiler never started"
@@ -145,11 +154,20 @@ def _killed_mid_build(env: dict, marker) -> None:
         victim.wait(timeout=30)
         kill_session(victim.pid)
         victim.stderr.close()
+    compiling = marker.read_text().strip()
     marker.unlink()
+    return SimpleNamespace(pid=victim.pid, compiling=compiling)
 
 
 def test_a_build_killed_mid_compile_never_hangs_the_next_load(patched, counting_cxx, tmp_path):
-    # Under the patch (the module's build, above): the load after the killed one built at once, and loads.
+    # Under the patch (the module's build, above): the kill landed in a real compile of DeepSpeed's source,
+    # the lock's holder record names the killed process (dead now: the OS released its flock), and the load
+    # after it said the build was interrupted, built at once from a clean build dir, and loads.
+    assert " -c " in f" {patched.killed.compiling} " and "/csrc/adam/cpu_adam" in patched.killed.compiling
+    assert [h.pid for h in patched.holders] == [patched.killed.pid]
+    assert not os.path.exists(f"/proc/{patched.killed.pid}")
+    assert f"the previous build of cpu_adam (pid {patched.killed.pid} on " in patched.cold_err
+    assert "was interrupted; building from a clean build directory" in patched.cold_err
     assert patched.cold["file"].startswith(patched.env["OPFORGE_CACHE_DIR"]) and patched.cold["err"] < 1e-5
     assert patched.after_kill_s < 300
 
