@@ -3,17 +3,13 @@
 ``opforge.patch_torch()`` and with torch's own function, in the same run; and DeepSpeed's whole
 ``load()`` beside it (its compiler-flag probing, py-cpuinfo, is DeepSpeed's, not the load's).
 
-    .venv/bin/python bench/deepspeed_load.py [--runs 7] [--cold]
+    .venv/bin/python bench/deepspeed_load.py [--runs 7]
 
 Each cell is the median over ``--runs`` fresh interpreters, after one untimed process per
 mode built the op (into opforge's cache, or torch's ``TORCH_EXTENSIONS_DIR``).
 
-``--cold`` times the cold build apart, each in a fresh process and an empty build cache: torch's;
-opforge's without the precompiled header (``OPFORGE_PCH=0``); with it, the first time (the one-time
-PCH build included, and said apart); with it once the PCH is there (the entry removed, the PCH
-kept: any later build with the same compiler and flags); and, where ccache is installed, with
-ccache's cache warm (PCH off; ccache does not cache compiles that use a PCH unless told to): the
-opforge cache cleared, the same cache directory (with ``-g``, ccache hashes the build directory).
+Cold builds (first ever, the PCH off, the PCH there, torch's beside them): ``bench/first_build.py
+--case deepspeed``.
 """
 
 from __future__ import annotations
@@ -57,11 +53,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--json", metavar="FILE")
-    ap.add_argument("--cold", action="store_true", help="time the cold builds apart (several minutes)")
     args = ap.parse_args()
-    if args.cold:
-        cold_builds(args.json)
-        return
     work = tempfile.mkdtemp(prefix="opforge-ds-")
     env = dict(os.environ, DS_BUILD_OPS="0", OPFORGE_CACHE_DIR=os.path.join(work, "opforge"),
                TORCH_EXTENSIONS_DIR=os.path.join(work, "torch"), OPFORGE_PATCH_TORCH="0")
@@ -82,40 +74,6 @@ def main() -> None:
     print(f"  torch's warm load / opforge's: {ratio:.1f}x")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(res, f, indent=1)
-
-
-def cold_builds(json_path: str | None) -> None:
-    import shutil
-
-    work = tempfile.mkdtemp(prefix="opforge-ds-cold-")
-    base = dict(os.environ, DS_BUILD_OPS="0", OPFORGE_PATCH_TORCH="0", OPFORGE_CCACHE="0")
-
-    def fresh(name: str, **extra) -> dict:
-        return dict(base, OPFORGE_CACHE_DIR=os.path.join(work, name), TORCH_EXTENSIONS_DIR=os.path.join(work, name + "-t"),
-                    **extra)
-
-    def timed(mode: str, env: dict, label: str) -> float:
-        print(f"  {label}…", file=sys.stderr, flush=True)
-        return run(mode, env)["load_s"]
-
-    res = {"torch": timed("torch", fresh("torch"), "torch")}
-    res["opforge, no PCH"] = timed("opforge", fresh("nopch", OPFORGE_PCH="0"), "opforge, OPFORGE_PCH=0")
-    pch_env = fresh("pch", OPFORGE_PCH="1")
-    res["opforge, PCH built first (one time)"] = timed("opforge", pch_env, "opforge, PCH built first")
-    entry = os.path.join(pch_env["OPFORGE_CACHE_DIR"], "cpu_adam")
-    shutil.rmtree(entry)  # the entry goes, the PCH (<cache>/.pch) stays
-    res["opforge, PCH there"] = timed("opforge", pch_env, "opforge, PCH there")
-    if shutil.which("ccache"):
-        cc_env = fresh("cc", OPFORGE_PCH="0", OPFORGE_CCACHE="auto", CCACHE_DIR=os.path.join(work, "ccache"))
-        timed("opforge", cc_env, "opforge + ccache, filling ccache's cache")
-        shutil.rmtree(os.path.join(cc_env["OPFORGE_CACHE_DIR"], "cpu_adam"))  # `opforge cache clean cpu_adam`
-        res["opforge + ccache warm, no PCH"] = timed("opforge", cc_env, "opforge + ccache warm")
-    print("DeepSpeed CPUAdamBuilder().load(), cold build (the load call, seconds; ratio to torch's):")
-    for label, took in res.items():
-        print(f"  {label:38s} {took:7.1f} s   {took / res['torch']:5.2f}x")
-    if json_path:
-        with open(json_path, "w", encoding="utf-8") as f:
             json.dump(res, f, indent=1)
 
 

@@ -166,7 +166,7 @@ def main() -> None:
     tc = results["torch", "cold"]["load_s"]
     for label, t, o in (
             ("first build ever (empty caches)", tc, results["opforge", "first"]["load_s"]),
-            ("cold build, the shared PCH there (any later flag set built twice)", tc, results["opforge", "cold"]["load_s"]),
+            ("cold build, the shared PCH there (these flags built twice before)", tc, results["opforge", "cold"]["load_s"]),
             ("warm load (already built)", results["torch", "warm"]["load_s"], results["opforge", "warm"]["load_s"]),
             ("import of the loader", results["torch", "warm"]["import_loader_s"],
              results["opforge", "warm"]["import_loader_s"])):

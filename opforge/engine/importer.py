@@ -39,23 +39,11 @@ from . import bindings
 _LOADED: dict[str, object] = {}
 #: extension name -> the binaries opened under it in this process, in order.
 _BY_NAME: dict[str, list[str]] = {}
-#: binary path -> the extension name its Python module was imported for.
-_MODULE_NAMES: dict[str, str] = {}
 #: extension name -> the module opforge last put in sys.modules under it.
 _PUBLISHED: dict[str, object] = {}
 #: names whose sys.modules slot holds a module opforge did not load (said once).
 _FOREIGN_SAID: set[str] = set()
 _LOCK = threading.RLock()
-
-
-def loaded(path: str):
-    """What was returned for ``path`` in this process, or None. A Python module found here is about
-    to be returned by ``load()`` again: it takes its name in ``sys.modules`` back (see the module)."""
-    with _LOCK:
-        found = _LOADED.get(path)
-        if found is not None and path in _MODULE_NAMES:
-            _take_name(_MODULE_NAMES[path], found, None)
-        return found
 
 
 def import_module(name: str, path: str, notice=None, warn=None):
@@ -86,7 +74,6 @@ def import_module(name: str, path: str, notice=None, warn=None):
                 sys.modules[spec_name] = holder
         earlier.append(path)
         _LOADED[path] = module
-        _MODULE_NAMES[path] = name
         _take_name(name, module, warn)
         return module
 

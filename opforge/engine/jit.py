@@ -176,10 +176,7 @@ def _portable_candidates(layout: Layout, spec: BuildSpec) -> list[str]:
 def _import(entry: Entry, spec: BuildSpec, reporter: Reporter):
     """Load the entry's binary. None when it turns out to be corrupt (the caller rebuilds)."""
     path = entry.binary
-    found = importer.loaded(path)
-    if found is not None:
-        return found
-    try:
+    try:  # each of the importer's functions answers a binary it has loaded already at once
         if spec.is_standalone:
             return path
         if spec.is_python_module:
