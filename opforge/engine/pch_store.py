@@ -135,28 +135,28 @@ def plan(p: Pch, mode: str, cap: int, timeout: float, reporter, sources: frozens
 
 
 def _plan_missing(p: Pch, mode: str, cap: int, timeout: float, reporter, sources: frozenset[str]) -> Plan:
+    record = read_record(p)
+    settled = record.get("failed") or record.get("too_big")
     if mode == "eager":
+        if settled:
+            return Plan(p, None, False, sources)
         reporter.notice(f"precompiling {pch_text.HEADER} before this build, once for these flags (asked for: "
                         f"use_pch=True or OPFORGE_PCH=eager; {p.gch})")
-        return Plan(p, p.header if make(p, timeout, reporter, wait=True) else None, False, sources)
-    record = read_record(p)
+        return Plan(p, p.header if make(p, cap, timeout, reporter) else None, False, sources)
     builds = int(record.get("builds", 0)) + 1
     os.makedirs(p.base, mode=0o700, exist_ok=True)
     _update(p, builds=builds, flags=list(p.flags))
-    settled = record.get("failed") or record.get("too_big")
     return Plan(p, None, builds >= 2 and not settled and cap > 0, sources)
 
 
-def make(p: Pch, timeout: float, reporter, wait: bool) -> bool:
-    """Make the PCH under its lock (``wait``: for a holder too, else give up at once if one holds
-    it). True when it is there afterwards."""
-    from .lock import BuildLock, held
+def make(p: Pch, cap: int, timeout: float, reporter) -> bool:
+    """Make the PCH under its lock (another maker holding it: wait for that one), then keep the PCHs
+    under ``cap`` bytes (``evict``). True when it is there afterwards."""
+    from .lock import BuildLock
 
     if os.path.exists(p.gch):
         return True
     os.makedirs(p.base, mode=0o700, exist_ok=True)
-    if not wait and held(p.path(".lock")):
-        return False
     with BuildLock(p.path(".lock"), "the torch/extension.h PCH", timeout, reporter.notice):
         if os.path.exists(p.gch):
             return True
@@ -182,7 +182,8 @@ def make(p: Pch, timeout: float, reporter, wait: bool) -> bool:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     reporter.info(f"precompiled {pch_text.HEADER} in {took:.1f} s ({size / 2**20:.0f} MiB, {p.gch})")
-    return True
+    evict(p.base, cap, keep=p.key)
+    return os.path.exists(p.gch)
 
 
 # --- in the background --------------------------------------------------------------------------
@@ -267,8 +268,7 @@ def _worker(job: dict) -> int:
     with contextlib.suppress(OSError):
         os.nice(19)
     try:
-        if make(p, timeout=3600.0, reporter=Reporter(True), wait=True):
-            evict(p.base, int(job["cap"]), keep=p.key)
+        make(p, int(job["cap"]), timeout=3600.0, reporter=Reporter(True))
     finally:
         with contextlib.suppress(OSError):
             os.unlink(p.path(".pending"))

@@ -76,7 +76,7 @@ def test_another_compiler_is_not_given_one(tmp_path):
 def test_a_pch_that_fails_to_build_is_skipped_silently_and_leaves_no_pch(tmp_path, capfd):
     argv = _fake_compiler(tmp_path, "#define __GNUC__ 12", 1)
     p = pch_store.describe(str(tmp_path / "cache"), "fake", argv, ("-O2",), "torch")
-    assert pch_store.make(p, 10, Reporter(False), wait=True) is False
+    assert pch_store.make(p, 2**30, 10, Reporter(False)) is False
     assert capfd.readouterr().err == ""
     assert sorted(os.listdir(p.base)) == [f"{p.key}{x}" for x in (".h", ".json", ".lock")]
     assert "no PCH for you" in pch_store.read_record(p)["failed"]

@@ -268,3 +268,16 @@ def _only_pch_for(tmp, flag: str) -> pch_store.Pch:
         if flag in json.loads(record.read_text())["flags"]:
             return pch_store.Pch(str(pch_dir(tmp)), record.name[: -len(".json")], (), ())
     raise AssertionError(flag)
+
+
+def test_eager_keeps_the_cap_and_does_not_retry_a_failure(fake, monkeypatch):
+    monkeypatch.setenv("OPFORGE_PCH", "eager")
+    monkeypatch.setenv("FAKE_PCH_BYTES", str(2 * 2**20))  # over the 1 MiB cap alone
+    build(fake, "one")
+    assert all("-include" not in c for c in compiles(fake, "one")) and not list(pch_dir(fake).glob("*.gch"))
+    build(fake, "two")  # too big: recorded, not made again
+    assert len(calls(fake, "c++-header")) == 1
+    monkeypatch.setenv("FAKE_PCH_FAIL", "1")
+    build(fake, "three", flags=("-O2",))
+    build(fake, "four", flags=("-O2",))  # failed: recorded, not tried again
+    assert len(calls(fake, "c++-header")) == 2
