@@ -17,7 +17,6 @@ import subprocess
 
 HEADER = "torch/extension.h"
 _COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
-_INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 
 
 #: Macros that only Windows headers read: defined before torch/extension.h, they change nothing here
@@ -76,24 +75,6 @@ def _walk(path: str, include_dirs: tuple[str, ...], seen: set[str]):
         if verdict is not None:
             return verdict
     return None
-
-
-def first_include(source: str) -> str | None:
-    """The first header a source file includes (comments skipped)."""
-    try:
-        with open(source, encoding="utf-8", errors="replace") as f:
-            return first_include_in(f.read())
-    except OSError:
-        return None
-
-
-def first_include_in(text: str) -> str | None:
-    """
-    >>> first_include_in('// hi\\n/* #include <a.h> */\\n#include <torch/extension.h>\\n#include "b.h"')
-    'torch/extension.h'
-    """
-    m = _INCLUDE.search(_COMMENTS.sub("", text))
-    return m.group(1) if m else None
 
 
 @functools.lru_cache(maxsize=8)

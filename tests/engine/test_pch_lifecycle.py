@@ -62,8 +62,9 @@ def fake(tmp_path, monkeypatch):
     assert pch_store.wait(str(tmp_path / "cache"), timeout=60)  # no maker left behind
 
 
-def build(tmp, name: str, flags=("-O1",), text: str = SOURCE):
-    src = tmp / "src" / f"{name}.cpp"
+def build(tmp, name: str, flags=("-O1",), text: str = SOURCE, where: str = "src"):
+    src = tmp / where / f"{name}.cpp"
+    src.parent.mkdir(parents=True, exist_ok=True)
     src.write_text(text)
     s = settings.current()
     spec = make_spec(s, name, [str(src)], list(flags), None, None, None, None, True, False)
@@ -281,3 +282,14 @@ def test_eager_keeps_the_cap_and_does_not_retry_a_failure(fake, monkeypatch):
     build(fake, "three", flags=("-O2",))
     build(fake, "four", flags=("-O2",))  # failed: recorded, not tried again
     assert len(calls(fake, "c++-header")) == 2
+
+
+def test_the_same_flags_with_sources_at_another_path_share_the_pch(fake):
+    """A PCH is keyed by the compiler and flags, not where the sources are: a checkout at another path
+    (another node's layout, StyleGAN's per-digest copy of a plugin's folder) counts as a second build."""
+    build(fake, "one", where="checkout_a/ops")
+    build(fake, "one", where="elsewhere/checkout_b/ops")
+    assert pch_store.wait(str(fake / "cache"), timeout=60)
+    assert len(calls(fake, "c++-header")) == 1
+    build(fake, "one", where="third/ops")
+    assert f"-include {str(_only_pch(fake).header)}" in compiles(fake, "one")[-1]
