@@ -27,7 +27,7 @@ import importlib.machinery
 import os
 import re
 import sys
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 from .decision import Accepted, Decision, Rejected
 from .process import forgets
@@ -94,16 +94,19 @@ class TorchFacts:
         unknown = dict.fromkeys(known, "") | {"cuda": None, "hip": None, "cxx11_abi": True}
         return cls(**(unknown | {k: v for k, v in data.items() if k in known}))
 
-    def abi_key(self, stable_abi: str = "") -> tuple:
+    def abi_key(self, stable_abi: str = "", where: bool = False) -> tuple:
         """What about torch a binary depends on, as the build key hashes it: the exact build for
         torch's C++ API; on the stable ABI only its target, CUDA/HIP, the C++ ABI and the machine.
+        Where torch is installed only with ``where`` (an executable records it as its rpath).
 
         >>> TorchFacts("2.13.0+cpu", "abc").abi_key("2.10")
         ('stable-abi', '2.10', None, None, True, 'x86_64')
+        >>> TorchFacts("2.13.0", root="/a").abi_key() == TorchFacts("2.13.0", root="/b").abi_key()
+        True
         """
         if stable_abi:
             return ("stable-abi", stable_abi, self.cuda, self.hip, self.cxx11_abi, self.machine)
-        return self.as_tuple()
+        return self.as_tuple() if where else replace(self, root="").as_tuple()
 
 
 @functools.lru_cache(maxsize=1)

@@ -55,6 +55,8 @@ def toolchain_decision(ext: Extension, platform, status: Status) -> Decision:
     """Can the extension be had in its current state: prebuilt, cached, or built here?"""
     if status.state in (PREBUILT, CACHED) or not ext.needs_compiler:
         return Accepted()
+    if status.remote:
+        return Accepted("no compiler here; the remote cache holds a build, which the load pulls")
     if status.state == FAILED:
         return Rejected(status.note)
     how = ext.prebuild_hint()

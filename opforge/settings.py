@@ -20,6 +20,7 @@ from dataclasses import dataclass
 BUILD_ENV_VARS = ("CXX", "CC", "CUDA_HOME", "PYTORCH_NVCC", "TORCH_CUDA_ARCH_LIST")
 
 DEFAULT_LOCK_TIMEOUT = 1800.0
+DEFAULT_CACHE_MAX_SIZE = 10 * 2**30
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,14 @@ class Settings:
     pch_max_size: int
     """``OPFORGE_PCH_MAX_SIZE``: the PCHs' total size on disk (``2G``, ``800M``, bytes; default 2 GiB),
     the least recently used removed first; ``0`` makes none."""
+    cache_max_size: int
+    """``OPFORGE_CACHE_MAX_SIZE``: the whole cache's size on disk (``10G``, ``500M``, bytes; default 10 GiB):
+    entries, build dirs, failed-build records, ``load_inline``'s sources, staging and the PCHs (whose own cap,
+    ``OPFORGE_PCH_MAX_SIZE``, applies inside this one). After each build the least recently used go first,
+    never what a running build holds (``engine/budget.py``). ``0``: no cap (a cap of 0 bytes would keep only
+    the last build). 10 GiB holds the PCHs' 2 GiB and a failed build's dir or two (one held 750 MB) beside
+    dozens of entries and their build dirs, and stays a small share of a home quota (ccache's default:
+    5 GiB); docs/architecture.md, "Bounded caches"."""
     cxx: str | None
     """``CXX``: the C++ compiler, as in torch (default ``c++``)."""
     cc: str | None
@@ -195,18 +204,21 @@ def _pch_mode(raw: str | None) -> str:
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?$")
 
 
-def _size(env: Mapping[str, str], name: str, default: int) -> int:
-    """A size in bytes, with an optional binary unit.
+def _size(env: Mapping[str, str], name: str, default: int, zero: str = "none") -> int:
+    """A size in bytes, with an optional binary unit (``zero``: what 0 means, for the error).
 
     >>> [_size({"S": v}, "S", 7) for v in ("", "2G", "1.5g", "800M", "800MiB", "4096", "0")]
     [7, 2147483648, 1610612736, 838860800, 838860800, 4096, 0]
+    >>> _size({"S": "-1G"}, "S", 7, zero="no cap")
+    Traceback (most recent call last):
+    ValueError: S='-1G' is not a size; give e.g. S=2G or S=800M (0: no cap)
     """
     raw = (env.get(name) or "").strip()
     if not raw:
         return default
     m = _SIZE.match(raw.upper())
     if m is None:
-        raise ValueError(f"{name}={raw!r} is not a size; give e.g. {name}=2G or {name}=800M (0: none)")
+        raise ValueError(f"{name}={raw!r} is not a size; give e.g. {name}=2G or {name}=800M (0: {zero})")
     return int(float(m.group(1)) * 2 ** (10 * " KMGT".index(m.group(2) or " ")))
 
 
@@ -250,6 +262,7 @@ def current(env: Mapping[str, str] | None = None) -> Settings:
         linker=_linker(env.get("OPFORGE_LINKER")),
         pch_mode=_pch_mode(env.get("OPFORGE_PCH")),
         pch_max_size=_size(env, "OPFORGE_PCH_MAX_SIZE", 2 * 2**30),
+        cache_max_size=_size(env, "OPFORGE_CACHE_MAX_SIZE", DEFAULT_CACHE_MAX_SIZE, zero="no cap"),
         remote_cache=(env.get("OPFORGE_REMOTE_CACHE") or "").strip() or None,
         remote_push=_flag(env.get("OPFORGE_REMOTE_PUSH")),
         remote_timeout=_float(env, "OPFORGE_REMOTE_TIMEOUT", 10.0),

@@ -25,3 +25,5 @@ class Status:
     after reuses them rather than hashing the sources and scanning the cache a second time."""
     entry: object = field(default=None, compare=False, repr=False)
     settings: object = field(default=None, compare=False, repr=False)
+    remote: bool = False
+    """Not cached here, no compiler here, and the remote cache holds it: a load pulls it."""

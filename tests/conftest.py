@@ -131,9 +131,10 @@ class CompilerLog:
         return [" ".join(a) for a in self.calls() if "-c" in a]
 
     def links(self) -> list[str]:
-        """The builds' links (not the linker probes of ``toolchain.links_with``)."""
+        """The builds' links (not the probes of ``toolchain.links_with`` and ``accepts_prefix_map``)."""
         return [" ".join(a) for a in self.calls()
-                if "-c" not in a and "-o" in a and not any(x.endswith(os.sep + "probe.cpp") for x in a)]
+                if "-c" not in a and "-E" not in a and "-o" in a
+                and not any(x.endswith(os.sep + "probe.cpp") for x in a)]
 
     def probes(self) -> list[list[str]]:
         """``CXX --version``: each cold path runs it once, for the manifest."""

@@ -2,7 +2,8 @@
 
 Tables are rich on a terminal and plain full-width text otherwise (``output.table``); ``--json``
 prints JSON. ``list`` shows the entries, then what builds leave around them (build dirs, failed
-builds, generated sources, precompiled headers) with their sizes; ``clean`` removes either, by
+builds, generated sources, precompiled headers) with their sizes, and the total against the cap
+(``OPFORGE_CACHE_MAX_SIZE``, kept after each build: ``engine/budget.py``); ``clean`` removes either, by
 extension or by age, never what a running build holds, and exits 1 for a name the cache doesn't
 hold (2 for a bad argument)."""
 
@@ -22,7 +23,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("cache", help="list, verify or clean the build cache")
     csub = p.add_subparsers(dest="cache_command", metavar="ACTION")
 
-    ls = csub.add_parser("list", help="every cached build: name, key, size, age, torch version")
+    ls = csub.add_parser("list", help="every cached build (name, key, size, age, last use, torch version), what "
+                                      "builds left beside them, and the total against OPFORGE_CACHE_MAX_SIZE")
     ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ls.add_argument("--remote", action="store_true", help="what the remote cache (OPFORGE_REMOTE_CACHE) holds")
     ls.set_defaults(func=cmd_list)
@@ -48,7 +50,7 @@ def add_parser(sub) -> None:
     im.add_argument("--dry-run", action="store_true", help="say what would be imported, write nothing")
     im.add_argument("--json", action="store_true", help="print JSON instead of a table")
     im.set_defaults(func=cmd_import)
-    remote_cmd.add_actions(csub)
+    remote_cmd.add_actions(csub, days=_days)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
@@ -72,11 +74,23 @@ def _age(days: float) -> str:
 
 
 def _entries_table(rows, title: str, with_status: bool) -> None:
-    columns = ["name", "key", "size", "age", "torch", "kind"] + (["status"] if with_status else [])
-    cells = [[r.name, r.key, output.size(r.size), _age(r.age_days), r.torch, r.kind] + ([r.status] if with_status else [])
-             for r in rows]
+    columns = ["name", "key", "size", "age", "used", "torch", "kind"] + (["status"] if with_status else [])
+    cells = [[r.name, r.key, output.size(r.size), _age(r.age_days), _used(r.unused_days), r.torch, r.kind]
+             + ([r.status] if with_status else []) for r in rows]
     styles = [None if not with_status or r.status == "ok" else "red" for r in rows]
-    output.table(title, columns, cells, right=("size", "age"), styles=styles)
+    output.table(title, columns, cells, right=("size", "age", "used"), styles=styles)
+
+
+def _used(days: float) -> str:
+    """The last use, to the day (``engine/usage.py`` marks it at most once a day)."""
+    return "today" if days < 1 else f"{days:.0f} d ago"
+
+
+def _total(total: int, cap: int) -> str:
+    if cap <= 0:
+        return f"{output.size(total)} in all (OPFORGE_CACHE_MAX_SIZE=0: no cap)"
+    return (f"{output.size(total)} of {output.size(cap)} (OPFORGE_CACHE_MAX_SIZE; past it, the least recently used "
+            f"go after a build), {100 * total / cap:.0f}%")
 
 
 def _leftovers_table(items, title: str) -> None:
@@ -88,12 +102,19 @@ def _leftovers_table(items, title: str) -> None:
 def cmd_list(args) -> int:
     if args.remote:
         return remote_cmd.cmd_list_remote(args)
-    root = settings_mod.current().cache_dir
+    try:
+        s = settings_mod.current()
+    except ValueError as exc:  # a malformed variable, named in the message
+        print(f"opforge cache list: {exc}", file=sys.stderr)
+        return 2
+    root = s.cache_dir
     rows = inventory.entries(root)
     extra = inventory.leftovers(root)
+    total = sum(r.size for r in rows) + sum(i.size for i in extra)
     if args.json:
         json.dump({"cache_dir": root, "entries": [r.to_json() for r in rows],
-                   "leftovers": [i.to_json() for i in extra]}, sys.stdout, indent=1)
+                   "leftovers": [i.to_json() for i in extra], "total": total, "max_size": s.cache_max_size},
+                  sys.stdout, indent=1)
         print()
         return 0
     if not rows:
@@ -104,6 +125,7 @@ def cmd_list(args) -> int:
         print()
         _leftovers_table(extra, f"beside them ({output.size(sum(i.size for i in extra))}; `opforge cache clean` removes "
                                 "them, --older-than DAYS the old ones)")
+    print(f"\ntotal: {_total(total, s.cache_max_size)}")
     return 0
 
 

@@ -15,6 +15,10 @@ The checks, in order:
   owned by you, not writable by group or others).
 * ``prebuilt <name>``: each kernel built at ``pip install``: its file is there and its
   sha256 matches the record (fail), and it may run under this torch (warn).
+* ``remote cache``, ``trusted keys``, ``signing key``: only with ``OPFORGE_REMOTE_CACHE`` set (else one
+  ``ok`` line): the URL is usable (``file://relative`` fails), the store's root is there (fail:
+  ``missing``) and answers within ``OPFORGE_REMOTE_TIMEOUT``; the trusted and signing keys can be read
+  (``remote_cmd.check_remote``).
 * ``patch torch``: ``OPFORGE_PATCH_TORCH`` on or off, and whether opforge's startup hook is installed
   in this Python, so that the variable alone patches torch (warn when it is on and the hook is not
   there; ``doctor_patch.py``).

@@ -78,23 +78,27 @@ def candidate_json(c) -> dict:
         "note": c.status.note if c.status is not None else "",
         "chosen": c.chosen,
         "adopted_from": adopt.describe(ext),
-        "remote": on_remote(c),
+        **on_remote(c),
     }
 
 
-def on_remote(c) -> bool | None:
-    """For a candidate that would be built: does the remote cache (OPFORGE_REMOTE_CACHE) hold it, so it
-    would be pulled instead? None when no store is set, the candidate needs no build, or the store
-    can't be asked (within OPFORGE_REMOTE_TIMEOUT)."""
+def on_remote(c) -> dict:
+    """For a candidate that would be built: does the remote cache (OPFORGE_REMOTE_CACHE) hold it
+    (``remote``), and what would a pull do with it under the trust settings (``remote_pull``: "would be
+    pulled (...)", "refused: unsigned (...)", "refused: untrusted key (...)", "refused: ...";
+    ``remote.predict``, which reads each object's signature, not its binary)? Both None when no store is
+    set, the candidate needs no build, or the store can't be asked (within OPFORGE_REMOTE_TIMEOUT)."""
+    none = {"remote": None, "remote_pull": None}
     status = c.status
     if status is None or status.state != NEEDS_BUILD or status.spec is None or status.settings is None:
-        return None
+        return none
     if not status.settings.remote_cache:
-        return None
+        return none
     from ..engine import remote
     from ..engine.progress import Reporter
 
-    return remote.has(status.spec, status.settings, Reporter(False))
+    verdict = remote.predict(status.spec, status.settings, Reporter(False))
+    return none if verdict is None else {"remote": bool(verdict), "remote_pull": verdict or None}
 
 
 def prebuilt_json(pb: prebuilt_mod.Prebuilt, platform: Platform) -> dict:
@@ -169,10 +173,23 @@ def candidate_detail(c: dict) -> str:
     else:
         detail = "; ".join(x for x in (c["note"], c["reason"]) if x)
     if c.get("remote"):
-        detail = "; ".join(x for x in (detail, "on the remote cache: it would be pulled, not built") if x)
+        detail = "; ".join(x for x in (detail, remote_detail(c.get("remote_pull") or "")) if x)
     if c.get("adopted_from"):
         detail = "; ".join(x for x in (f"adopted from {c['adopted_from']}", detail) if x)
     return detail
+
+
+def remote_detail(pull: str) -> str:
+    """The report's words for a candidate the remote cache holds (``on_remote``'s ``remote_pull``).
+
+    >>> remote_detail("would be pulled (signed by ci)")
+    'on the remote cache: it would be pulled (signed by ci), not built'
+    >>> remote_detail("refused: unsigned (sign pushes)")
+    'on the remote cache, but a pull would be refused: unsigned (sign pushes); so it would be built'
+    """
+    if pull.startswith("would be pulled"):
+        return f"on the remote cache: it {pull}, not built"
+    return f"on the remote cache, but a pull would be {pull}; so it would be built"
 
 
 def _tool(t: dict | None, missing: str = "not found") -> str:

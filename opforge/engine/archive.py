@@ -39,6 +39,7 @@ from . import cache, inventory
 from . import deps as deps_mod
 from .key import check_name, sha256_file
 from .manifest import Manifest
+from .relocate import Places
 
 INDEX = "opforge-cache.json"
 FORMAT = 1
@@ -88,8 +89,10 @@ def fits(inputs: dict, here: Here) -> Decision:
     True
     >>> print(fits(dict(inputs, torch=dict(t.to_json(), version="2.12.0+cpu")), here).reason)
     built for torch 2.12.0+cpu, but here torch is 2.13.0+cpu
-    >>> print(fits(dict(inputs, torch=dict(t.to_json(), root="/u")), here).reason)
-    built against the torch in /u; this machine's is in /t, so its key differs here
+    >>> bool(fits(dict(inputs, torch=dict(t.to_json(), root="/u")), here))  # the same torch elsewhere
+    True
+    >>> print(fits(dict(inputs, torch=dict(t.to_json(), root="/u"), is_standalone=True), here).reason)
+    an executable built against the torch in /u (its rpath); this machine's is in /t
     """
     theirs = compat.TorchFacts.from_json(inputs.get("torch")) if isinstance(inputs, dict) else None
     if theirs is None:
@@ -98,10 +101,11 @@ def fits(inputs: dict, here: Here) -> Decision:
     runs = compat.same_torch(theirs, here.torch, stable)
     if not runs:
         return runs
-    if theirs.abi_key(stable) != here.torch.abi_key(stable):  # the key also hashes where torch and Python put things
-        if theirs.root != here.torch.root:
-            return Rejected(f"built against the torch in {theirs.root}; this machine's is in {here.torch.root}, "
-                            "so its key differs here")
+    where = bool(inputs.get("is_standalone"))  # only an executable's key holds where torch is (its rpath)
+    if theirs.abi_key(stable, where) != here.torch.abi_key(stable, where):
+        if where and theirs.root != here.torch.root:
+            return Rejected(f"an executable built against the torch in {theirs.root} (its rpath); this machine's "
+                            f"is in {here.torch.root}")
         return Rejected(f"built for the extension suffix {theirs.ext_suffix!r}; this Python's is "
                         f"{here.torch.ext_suffix!r}")
     if inputs.get("cpu_identity") and inputs["cpu_identity"] != here.cpu_identity:
@@ -111,12 +115,17 @@ def fits(inputs: dict, here: Here) -> Decision:
                              here.gpu_archs)
 
 
-def verdict(manifest: Manifest, here: Here) -> Decision:
-    """:func:`fits`, then the sources and headers it was built from must be here, unchanged."""
+def verdict(manifest: Manifest, here: Here, places: Places | None = None) -> Decision:
+    """:func:`fits`, then the sources and headers it was built from must be here, unchanged: those
+    under the source root in ``places``' root (when given: a pull for a load knows it), else in the root
+    it was built in when that is here (``cache export``; an import on another node checks them at
+    load time), the others where they were."""
     d = fits(manifest.inputs, here)
     if not d:
         return d
-    changed = deps_mod.check(manifest.deps)
+    if places is None and manifest.root and os.path.isdir(manifest.root):
+        places = Places(manifest.root)
+    changed = deps_mod.check(manifest.deps, places)
     if changed:
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
         return Rejected(f"its source or header {changed[0]}{more} is missing or different here, so it would be stale")
@@ -278,8 +287,10 @@ def _install(root: str, name: str, entry: str, contents: dict[str, bytes], manif
     return "imported"
 
 
-def import_(path: str, root: str | None = None, here: Here | None = None, dry_run: bool = False) -> list[Outcome]:
-    """Verify ``path`` against this machine and install the entries that fit (see the module doc)."""
+def import_(path: str, root: str | None = None, here: Here | None = None, dry_run: bool = False,
+            places: Places | None = None) -> list[Outcome]:
+    """Verify ``path`` against this machine and install the entries that fit (see the module doc);
+    ``places``: where the sources of a load are (relative dependency records are checked there)."""
     root = root or settings_mod.current().cache_dir
     here = here or Here.detect()
     try:
@@ -302,7 +313,7 @@ def import_(path: str, root: str | None = None, here: Here | None = None, dry_ru
             except (ArchiveError, ValueError, tarfile.TarError, OSError) as exc:
                 outcomes.append(Outcome(name, entry, "corrupt", str(exc)))
                 continue
-            d = verdict(manifest, here)
+            d = verdict(manifest, here, places)
             if not d:
                 outcomes.append(Outcome(name, entry, "skipped", d.reason))
             elif dry_run:

@@ -61,21 +61,22 @@ def _quote(args) -> str:
 
 
 def write_ninja(path: str, spec: BuildSpec, flags: Flags, cxx_argv: list[str], nvcc_argv: list[str] | None,
-                nvcc_gen_deps: bool, pch_header: str | None = None, pch_sources: frozenset[str] = frozenset()
-                ) -> dict[str, str]:
+                nvcc_gen_deps: bool, pch_header: str | None = None, pch_sources: frozenset[str] = frozenset(),
+                prefix_maps: tuple[str, ...] = ()) -> dict[str, str]:
     """Write build.ninja (only when it changed, to keep ninja's state). Returns object -> source.
-    Sources in ``pch_sources`` get ``-include pch_header`` (a precompiled header beside it)."""
+    Sources in ``pch_sources`` get ``-include pch_header`` (a precompiled header beside it).
+    ``prefix_maps`` (``-ffile-prefix-map=...``) go to every compile, nvcc's host compiler included."""
     objects = object_names(spec.sources, spec.with_cuda)
     w = NinjaFile()
     w.variable("ninja_required_version", "1.3")
     w.variable("cxx", _quote(cxx_argv))
-    w.variable("cflags", _quote(flags.cflags))
+    w.variable("cflags", _quote(flags.cflags + prefix_maps))
     w.variable("ldflags", _quote(flags.ldflags))
     w.rule("compile", "$cxx -MMD -MF $out.d $cflags -c $in -o $out", depfile="$out.d", deps="gcc",
            description="compile $in")
     if spec.with_cuda:
         w.variable("nvcc", _quote(nvcc_argv))
-        w.variable("cuda_cflags", _quote(flags.cuda_cflags))
+        w.variable("cuda_cflags", _quote(flags.cuda_cflags + tuple(a for m in prefix_maps for a in ("-Xcompiler", m))))
         gen = "-MD -MF $out.d " if nvcc_gen_deps else ""
         w.rule("cuda_compile", f"$nvcc {gen}$cuda_cflags -c $in -o $out",
                depfile="$out.d" if nvcc_gen_deps else None, deps="gcc" if nvcc_gen_deps else None,

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 from .key import digest, sha256_file
+from .relocate import Places
 
 
 @dataclass(frozen=True)
@@ -32,25 +33,33 @@ class DepRecord:
         return asdict(self)
 
 
-def check(records: Iterable[DepRecord]) -> list[str]:
-    """Paths whose contents no longer match their record ([] when all hold)."""
+def check(records: Iterable[DepRecord], places: Places | None = None) -> list[str]:
+    """Paths whose contents no longer match their record ([] when all hold). A record's path
+    relative to the source root (``relocate.py``) is looked up under ``places``' root; without
+    ``places`` such records are not checked (``cache import`` knows no root: the load checks them)."""
     changed = []
     for rec in records:
+        if places is not None:
+            path = places.resolve(rec.path)
+        elif os.path.isabs(rec.path):
+            path = rec.path
+        else:
+            continue
         try:
-            st = os.stat(rec.path)
+            st = os.stat(path)
         except OSError:
-            changed.append(rec.path)
+            changed.append(path)
             continue
         if st.st_size == rec.size and st.st_mtime_ns == rec.mtime_ns:
             continue
         if st.st_size != rec.size:
-            changed.append(rec.path)
+            changed.append(path)
             continue
         try:
-            if sha256_file(rec.path) != rec.sha256:
-                changed.append(rec.path)
+            if sha256_file(path) != rec.sha256:
+                changed.append(path)
         except OSError:
-            changed.append(rec.path)
+            changed.append(path)
     return changed
 
 

@@ -8,7 +8,9 @@ their size; cleaning removes them, by age too.
 
 Removal renames an entry out of the way before deleting it, so a process that is loading
 at the same time either sees the whole entry or none of it (and then rebuilds). Build
-dirs and precompiled headers are removed only when their lock is free.
+dirs and precompiled headers are removed only when their lock is free, ``load_inline``'s
+sources only while no build of their extension runs, staging dirs only once an hour old.
+The cap on all of it (``OPFORGE_CACHE_MAX_SIZE``) is ``budget.py``'s.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import UnsafeCacheError
-from . import cache, failures
+from . import cache, failures, usage
 from .cache import Entry
 from .lock import held
 
 TUNING_DIR = ".tuning"
 """Where ``kernels/tuning.py`` keeps tuned configs (it names this dir; the engine can't import it)."""
+
+STAGING_GRACE_S = 3600.0
+"""A ``.tmp-*``/``.trash-*`` dir younger than this may be a live process's (``cache.sweep_stale``'s default)."""
 
 
 @dataclass(frozen=True)
@@ -37,15 +42,22 @@ class Row:
     torch: str
     kind: str
     status: str = "ok"
+    last_used: float = 0.0
+    """When a load last found it, to the day (its manifest's mtime, ``usage.note_use``)."""
 
     @property
     def age_days(self) -> float:
         return max(0.0, (time.time() - self.built_at) / 86400) if self.built_at else 0.0
 
+    @property
+    def unused_days(self) -> float:
+        return max(0.0, (time.time() - self.last_used) / 86400) if self.last_used else 0.0
+
     def to_json(self) -> dict:
         return {
             "name": self.name, "key": self.key, "path": self.path, "size": self.size, "built_at": self.built_at,
             "age_days": round(self.age_days, 3), "torch": self.torch, "kind": self.kind, "status": self.status,
+            "last_used": self.last_used, "unused_days": round(self.unused_days, 3),
         }
 
 
@@ -80,11 +92,15 @@ def entries(root: str, name: str | None = None) -> list[Row]:
             path = os.path.join(ext_dir, key)
             if key.startswith(".") or not os.path.isdir(path):
                 continue
-            m = cache.read_manifest(path)
-            if m is None:
-                rows.append(Row(ext, key, path, _dir_size(path), os.lstat(path).st_mtime, "?", "?", "bad manifest"))
+            try:
+                size, used = _dir_size(path), usage.last_used(path)
+                m = cache.read_manifest(path)
+                if m is None:
+                    rows.append(Row(ext, key, path, size, os.lstat(path).st_mtime, "?", "?", "bad manifest", used))
+                    continue
+            except OSError:  # removed meanwhile
                 continue
-            rows.append(Row(ext, key, path, _dir_size(path), m.built_at, m.torch or "?", m.kind or "?"))
+            rows.append(Row(ext, key, path, size, m.built_at, m.torch or "?", m.kind or "?", "ok", used))
     return sorted(rows, key=lambda r: r.built_at)
 
 
@@ -119,7 +135,8 @@ class Leftover:
     size: int
     modified: float
     in_use: bool = False
-    """Its lock is held (a build is running): never removed."""
+    """A running build holds it (its lock, or its extension's build for ``load_inline``'s sources), or a live
+    process may be writing it (staging younger than an hour): never removed."""
     detail: str = ""
 
     @property
@@ -131,10 +148,28 @@ class Leftover:
                 "age_days": round(self.age_days, 3), "in_use": self.in_use, "detail": self.detail}
 
 
-def _leftover(name: str, what: str, path: str, detail: str = "", locked: bool = False) -> Leftover:
+def _leftover(name: str, what: str, path: str, detail: str = "", in_use=lambda path: False) -> Leftover:
     st = os.lstat(path)
     size, newest = _walk(path) if os.path.isdir(path) else (st.st_size, st.st_mtime)
-    return Leftover(name, what, path, size, newest, locked and held(path + ".lock"), detail)
+    return Leftover(name, what, path, size, newest, in_use(path), detail)
+
+
+def _locked(path: str) -> bool:
+    return held(path + ".lock")
+
+
+def _young(path: str) -> bool:
+    return time.time() - os.lstat(path).st_mtime < STAGING_GRACE_S
+
+
+def building(root: str, name: str) -> bool:
+    """Does a build of extension ``name`` hold one of its build locks in the cache now?"""
+    ext_dir = os.path.join(root, name)
+    try:
+        locks = [n for n in os.listdir(ext_dir) if n.startswith(".build-") and n.endswith(".lock")]
+    except OSError:
+        return False
+    return any(held(os.path.join(ext_dir, n)) for n in locks)
 
 
 def leftovers(root: str, name: str | None = None) -> list[Leftover]:
@@ -146,19 +181,23 @@ def leftovers(root: str, name: str | None = None) -> list[Leftover]:
             items = sorted(os.listdir(ext_dir))
         except OSError:  # removed meanwhile
             continue
+        ext_building = None
         for item in items:
             path = os.path.join(ext_dir, item)
             try:
                 if item.startswith(".build-") and os.path.isdir(path):
                     out.append(_leftover(ext, "build dir", path, "ninja's objects, for incremental rebuilds",
-                                         locked=True))
+                                         _locked))
                 elif item.startswith(failures.PREFIX) and item.endswith(".json"):
                     f = failures.read(path)
                     out.append(_leftover(ext, "failed build", path, f.first_line() if f else "unreadable record"))
                 elif item.startswith(".src-") and os.path.isdir(path):
-                    out.append(_leftover(ext, "inline sources", path, "load_inline's generated sources"))
+                    if ext_building is None:  # a build of it may be compiling them now
+                        ext_building = building(root, ext)
+                    out.append(_leftover(ext, "inline sources", path, "load_inline's generated sources",
+                                         lambda p, b=ext_building: b or _locked(p)))  # inline._using
                 elif item.startswith((".tmp-", ".trash-")):
-                    out.append(_leftover(ext, "staging", path, "left by a process that was killed"))
+                    out.append(_leftover(ext, "staging", path, "left by a process that was killed", _young))
             except OSError:  # removed meanwhile
                 continue
     out += _tuned(root, name)
@@ -206,7 +245,7 @@ def known(root: str, name: str) -> bool:
     return name in _names(root, name) or name in _names(os.path.join(root, TUNING_DIR), name)
 
 
-def _discard_if_idle(path: str) -> bool:
+def discard_if_idle(path: str) -> bool:
     """Remove a build dir unless a build holds its lock (``<path>.lock``) now."""
     import filelock
 
@@ -227,13 +266,34 @@ class Cleaned:
     removed: list[str] = field(default_factory=list)
     freed: int = 0
     in_use: list[str] = field(default_factory=list)
-    """Build dirs or precompiled headers kept because a build holds their lock."""
+    """What was kept because a running build holds it (``Leftover.in_use``)."""
+
+
+def remove(item: Leftover) -> bool:
+    """Remove one leftover; False when a build holds it now (a build dir's or a PCH's lock, checked again
+    here) or when :func:`leftovers` found it in use."""
+    if item.in_use:
+        return False
+    if item.what == "precompiled header":
+        from . import pch_store
+
+        base, n = os.path.split(item.path)
+        return pch_store.discard(base, n.removesuffix(".h.gch"))
+    if item.what in ("build dir", "inline sources"):  # a load_inline takes its sources' lock shared
+        return discard_if_idle(item.path)
+    if item.what == "failed build":
+        failures.forget(item.path)
+    elif item.what == "staging":
+        cache.discard(item.path)
+    else:
+        shutil.rmtree(item.path, ignore_errors=True)
+    return True
 
 
 def clean(root: str, name: str | None = None, older_than_days: float | None = None) -> Cleaned:
-    """Remove entries and leftovers (all, one extension's, or those older than N days). A build dir
-    or precompiled header whose lock is held is kept; staging dirs younger than an hour too (a live
-    process may be writing them)."""
+    """Remove entries and leftovers (all, one extension's, or those older than N days). What a running
+    build holds is kept (``Leftover.in_use``); staging dirs younger than an hour too (a live process may
+    be writing them)."""
     if older_than_days is not None and not older_than_days >= 0:
         raise ValueError(f"older_than_days must be >= 0, not {older_than_days}")
     done = Cleaned()
@@ -248,21 +308,9 @@ def clean(root: str, name: str | None = None, older_than_days: float | None = No
             continue
         if item.what == "staging":
             continue  # cache.sweep_stale below: only those a killed process left
-        if item.what == "precompiled header":
-            from . import pch_store
-
-            base, n = os.path.split(item.path)
-            if not pch_store.discard(base, n.removesuffix(".h.gch")):
-                done.in_use.append(item.path)
-                continue
-        elif item.what == "build dir":
-            if not _discard_if_idle(item.path):
-                done.in_use.append(item.path)
-                continue
-        elif item.what == "failed build":
-            failures.forget(item.path)
-        else:
-            shutil.rmtree(item.path, ignore_errors=True)
+        if not remove(item):
+            done.in_use.append(item.path)
+            continue
         done.removed.append(item.path)
         done.freed += item.size
     for ext in _names(root, name):

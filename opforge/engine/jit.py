@@ -14,6 +14,7 @@ Cold path::
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -45,6 +46,8 @@ def load(
     is_python_module=True,
     is_standalone=False,
     keep_intermediates=True,
+    *,
+    source_root=None,
 ):
     """Build (or fetch from the cache) and load a C++/CUDA extension. Same arguments and
     return values as ``torch.utils.cpp_extension.load``:
@@ -58,11 +61,16 @@ def load(
     ``keep_intermediates`` only matters to torch's HIP path and is accepted for compatibility.
     The parameters are torch's, in torch's order (a positional call binds as it does there);
     SYCL sources (Intel XPU) are not built: ``extra_sycl_cflags`` or ``with_sycl=True`` is an error.
+
+    ``source_root`` (opforge's own, keyword only): the directory the key names the sources and include
+    dirs relative to, so another machine with the same tree at another path finds the same binary.
+    By default the common directory of the sources and their include dirs (``engine/relocate.py``).
     """
     del keep_intermediates
     check_no_sycl(name, extra_sycl_cflags, with_sycl)
     return _load(settings_mod.current(), name, sources, extra_cflags, extra_cuda_cflags, extra_ldflags,
-                 extra_include_paths, build_directory, verbose, with_cuda, is_python_module, is_standalone)
+                 extra_include_paths, build_directory, verbose, with_cuda, is_python_module, is_standalone,
+                 source_root)
 
 
 def check_no_sycl(name, extra_sycl_cflags=None, with_sycl=None, sycl_sources=None) -> None:
@@ -72,9 +80,10 @@ def check_no_sycl(name, extra_sycl_cflags=None, with_sycl=None, sycl_sources=Non
 
 
 def _load(s: settings_mod.Settings, name, sources, extra_cflags, extra_cuda_cflags, extra_ldflags,
-          extra_include_paths, build_directory, verbose, with_cuda, is_python_module, is_standalone):
+          extra_include_paths, build_directory, verbose, with_cuda, is_python_module, is_standalone,
+          source_root=None):
     spec = make_spec(s, name, sources, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths,
-                     with_cuda, is_python_module, is_standalone)
+                     with_cuda, is_python_module, is_standalone, source_root=source_root)
     return load_spec(spec, s, build_directory, Reporter(bool(verbose) or s.verbose))
 
 
@@ -137,8 +146,8 @@ def find_entry(layout: Layout, spec: BuildSpec, reporter: Reporter, corrupt: lis
         if not spec.toolchain_missing and manifest.key != spec.input_key:
             continue
         entry = Entry(path, manifest)
-        # The sources' bytes are in the key already: only the headers need a look.
-        changed = deps_mod.check(r for r in entry.deps if r.path not in spec.sources)
+        # The sources' bytes are in the key already: only the headers need a look (under this spec's root).
+        changed = deps_mod.check((r for r in entry.deps if r.path not in spec.key_sources), spec.places)
         if changed:
             reporter.info(f"{path} is stale: {', '.join(changed[:3])} changed")
             continue
@@ -153,6 +162,9 @@ def find_entry(layout: Layout, spec: BuildSpec, reporter: Reporter, corrupt: lis
             if corrupt is not None:
                 corrupt.append(path)
             continue
+        from .usage import note_use  # a stat, and a utime once a day (OPFORGE_CACHE_MAX_SIZE's LRU)
+
+        note_use(entry)
         return entry
     return None
 
@@ -214,15 +226,16 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
     failed = failures.path_for(name_dir, spec.input_key)
     if not role.builds and not bad:
         find = lambda: find_entry(layout, spec, reporter)  # noqa: E731
-        still = None
-        if role.scope == "remote":  # the builder is on another node: pull what it pushes
+        store = None
+        if role.scope == "remote":  # the builder may be on another node: one rank per node polls the store
             from . import remote
 
-            find = lambda: find_entry(layout, spec, reporter) or _from_remote(layout, spec, s, reporter)  # noqa: E731
-            still = lambda: remote.building(spec, s, reporter)  # noqa: E731
-        entry = ranks.await_builder(find, lock_path, failed, spec.name, role, s, reporter, still)
+            store = remote.Watch(layout, spec, s, reporter, find)
+        entry = ranks.await_builder(find, lock_path, failed, spec.name, role, s, reporter, store)
         if entry is not None:
             return entry
+        if store is not None:  # the builder's part moved here: announce (the claim won), build, push
+            role = dataclasses.replace(role, builds=True)
     with BuildLock(lock_path, spec.name, s.lock_timeout, reporter.notice) as lock:
         for path in bad:  # failed to import although its stat matched: corrupt in place
             cache.discard(path)
@@ -264,6 +277,9 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
 
         remote.push(entry, s, reporter)
     withdraw()
+    from . import budget
+
+    budget.enforce(layout.root, s.cache_max_size, reporter, keep=(entry.path,))  # never raises
     return entry
 
 
@@ -314,9 +330,11 @@ def _compile_and_publish(layout: Layout, spec: BuildSpec, s: settings_mod.Settin
     nvcc_argv = wrap + list(nvcc.argv) if nvcc else None
     pch_plan = _pch_plan(layout, spec, s, cxx, cxx_argv, flags.cflags, reporter)
     pch_header = pch_plan.use if pch_plan else None
+    # The binary doesn't record where it was built: this machine's dirs are mapped away (relocate.py).
+    maps = spec.places.prefix_maps(build_dir) if toolchain.accepts_prefix_map(cxx.argv, cxx.identity) else []
     objects = compile_mod.write_ninja(os.path.join(build_dir, compile_mod.NINJA_FILE), spec, flags, cxx_argv,
                                       nvcc_argv, s.nvcc_gen_deps, pch_header,
-                                      pch_plan.sources if pch_plan else frozenset())
+                                      pch_plan.sources if pch_plan else frozenset(), tuple(maps))
     started = time.time()
     with reporter.building(spec.name, len(spec.sources)) as progress:
         result = compile_mod.run_ninja(ninja, build_dir, spec, objects, s.max_jobs,
@@ -335,7 +353,9 @@ def _compile_and_publish(layout: Layout, spec: BuildSpec, s: settings_mod.Settin
     for rec, digest in zip(records, spec.source_digests):
         if rec.sha256 != digest:
             raise BuildError(f"{rec.path} changed while {spec.name} was building; nothing was cached. Load again.")
-    headers = deps_mod.headers_digest(records, spec.sources)
+    # Under the source root by their relative path, so that another node's copy at another path matches.
+    records = [dataclasses.replace(r, path=spec.places.path(r.path)) for r in records]
+    headers = deps_mod.headers_digest(records, spec.key_sources)
     manifest = Manifest(
         name=spec.name,
         kind=spec.kind,
@@ -354,6 +374,7 @@ def _compile_and_publish(layout: Layout, spec: BuildSpec, s: settings_mod.Settin
         built_at=time.time(),
         build_seconds=round(took, 3),
         host=socket.gethostname(),
+        root=spec.root,
     )
     entry = cache.publish(layout, spec.name, spec.input_key, headers, result.binary, spec.binary_name, manifest,
                           result.log)

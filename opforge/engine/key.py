@@ -12,6 +12,10 @@ Two keys come out of a spec:
 * ``config_key``: everything but the sources' bytes. It names the persistent ninja
   build directory, so an edit to one source recompiles that translation unit alone.
 * ``input_key``: the config plus the sources' bytes. It names the cache entries.
+
+Neither depends on where the files are on this machine (``relocate.py``): sources and include
+dirs go in relative to the source root, torch's, Python's and CUDA's dirs by name, so a binary
+built by CI at one path is found by a node that has the same bytes at another.
 """
 
 from __future__ import annotations
@@ -28,11 +32,13 @@ from ..compat import TorchFacts
 from ..errors import ToolchainError
 from ..settings import Settings
 from . import toolchain
+from .relocate import Places, choose_root
 from .toolchain import Tool
 
 #: Bump when the flags opforge derives, or the cache layout, change.
 #: 2: the shared libstdc++ is linked explicitly when the compiler only has a static one.
-BUILD_FORMAT = 2
+#: 3: paths in the key relative to the source root (relocate.py); prefix maps; torch's place left out.
+BUILD_FORMAT = 3
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NATIVE_RE = re.compile(r"^-m(arch|tune|cpu)=native$")
@@ -104,6 +110,19 @@ class BuildSpec:
     the binary runs on that torch and every later one, so the key carries this target in
     place of the exact torch version. Empty for sources that use torch's C++ API."""
     format: int = field(default=BUILD_FORMAT)
+    root: str = ""
+    """The source root on this machine (``relocate.choose_root``); not in the key: paths under it are."""
+    system_dirs: tuple[tuple[str, str], ...] = ()
+    """(name, dir) of torch's, Python's and CUDA's dirs here; in the key by name only."""
+
+    @property
+    def places(self) -> Places:
+        return Places(self.root or os.sep, self.system_dirs)
+
+    @functools.cached_property
+    def key_sources(self) -> tuple[str, ...]:
+        """The sources as the key and the manifest name them: relative to the root."""
+        return tuple(self.places.path(p) for p in self.sources)
 
     @property
     def kind(self) -> str:
@@ -121,15 +140,23 @@ class BuildSpec:
         return self.name if self.is_standalone else f"{self.name}.so"
 
     def _config(self) -> dict:
-        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source_digests"}
+        local = ("source_digests", "root", "system_dirs")
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in local}
+        places = self.places
+        data["sources"] = list(self.key_sources)
+        data["extra_include_paths"] = [places.path(p) for p in self.extra_include_paths]
+        for name in ("extra_cflags", "extra_cuda_cflags", "extra_ldflags"):
+            data[name] = [places.text(f) for f in getattr(self, name)]
         data["cxx"] = self.cxx.identity if self.cxx else ""
         data["nvcc"] = self.nvcc.identity if self.nvcc else ""
         data["torch"] = self.torch_key()
         return data
 
     def torch_key(self) -> tuple:
-        """What about torch the binary depends on (``TorchFacts.abi_key``)."""
-        return self.torch.abi_key(self.stable_abi)
+        """What about torch the binary depends on (``TorchFacts.abi_key``). Where torch is installed
+        is left out (it is the same build, named by its version and git hash), except for an
+        executable, which records torch's library dir as its rpath."""
+        return self.torch.abi_key(self.stable_abi, where=self.is_standalone)
 
     @functools.cached_property
     def config_key(self) -> str:
@@ -137,7 +164,7 @@ class BuildSpec:
 
     @functools.cached_property
     def input_key(self) -> str:
-        return digest({"config": self._config(), "sources": list(zip(self.sources, self.source_digests))})
+        return digest({"config": self._config(), "sources": list(zip(self.key_sources, self.source_digests))})
 
     @functools.cached_property
     def portable_key(self) -> str:
@@ -147,13 +174,14 @@ class BuildSpec:
         config.pop("cxx")
         config.pop("nvcc")
         config["env"] = [kv for kv in config["env"] if kv[0] not in ("CXX", "CC", "CUDA_HOME", "PYTORCH_NVCC")]
-        return digest({"config": config, "sources": list(zip(self.sources, self.source_digests))})
+        return digest({"config": config, "sources": list(zip(self.key_sources, self.source_digests))})
 
     def describe(self) -> dict:
         """The key's inputs, for the manifest and ``opforge cache list``."""
         data = self._config()
         data["torch"] = asdict(self.torch)
-        data["sources"] = dict(zip(self.sources, self.source_digests))
+        data["sources"] = dict(zip(self.key_sources, self.source_digests))
+        data["root"] = self.root
         return data
 
 
@@ -187,6 +215,7 @@ def make_spec(
     is_python_module: bool,
     is_standalone: bool,
     stable_abi: str = "",
+    source_root: str | None = None,
 ) -> BuildSpec:
     """Check the request and gather its key inputs. Raises ValueError on bad input."""
     check_name(name)
@@ -235,6 +264,8 @@ def make_spec(
     if stable_abi:
         check_stable_abi(name, stable_abi, facts.version, is_python_module)
     native = any(_NATIVE_RE.match(f) for f in cflags + cuda_cflags)
+    system = system_dirs(facts, toolchain.cuda_home(settings) if with_cuda else None)
+    root = choose_root(abs_sources, list(includes), [d for _, d in system] + ["/usr/include"], source_root)
     return BuildSpec(
         name=name,
         sources=tuple(abs_sources),
@@ -253,7 +284,19 @@ def make_spec(
         cuda_archs=archs,
         cpu_identity=toolchain.host_cpu_identity() if native else "",
         stable_abi=stable_abi,
+        root=root,
+        system_dirs=system,
     )
+
+
+def system_dirs(facts: compat.TorchFacts, cuda_home: str | None) -> tuple[tuple[str, str], ...]:
+    """torch's, Python's and CUDA's dirs on this machine, by the names the key gives them."""
+    import sysconfig
+
+    found = [("torch", facts.root), ("python", sysconfig.get_path("include", scheme="posix_prefix") or "")]
+    if cuda_home:
+        found.append(("cuda", os.path.realpath(cuda_home)))
+    return tuple((n, d) for n, d in found if d)
 
 
 def check_stable_abi(name: str, target: str, torch_version: str, is_python_module: bool) -> None:

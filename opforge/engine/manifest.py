@@ -40,7 +40,8 @@ class Manifest:
     binary_size: int = 0
     binary_mtime_ns: int = 0
     deps: tuple[DepRecord, ...] = ()
-    """Every source and header the compiler read outside torch, Python, CUDA and the OS."""
+    """Every source and header the compiler read outside torch, Python, CUDA and the OS; under the
+    source root by a path relative to it (``relocate.py``), elsewhere by its absolute path."""
     portable_key: str = ""
     config_key: str = ""
     headers_digest: str = ""
@@ -55,6 +56,8 @@ class Manifest:
     built_at: float = 0.0
     build_seconds: float = 0.0
     host: str = ""
+    root: str = ""
+    """The source root where it was built (for people; matching never uses it)."""
 
     def with_binary(self, binary: str, sha256: str, size: int, mtime_ns: int) -> Manifest:
         """This manifest for the binary ``binary`` of the entry, as published."""

@@ -5,6 +5,7 @@ manifest, which pins its binary's sha256.
   ``OPFORGE_SIGNING_KEY`` names a secret file; ``OPFORGE_TRUSTED_KEYS`` lists public-key files.
 * A key file is one line: ``opforge-ed25519-secret:<name>:<base64>`` or
   ``opforge-ed25519-public:<name>:<base64>`` (the raw 32-byte key).
+* ``check_secret(secret_file)`` checks a secret key before a push (one message, not one per entry).
 * ``sign(data, secret_file)`` gives a signature document; ``verify(data, doc, trusted)`` a Decision
   naming the key that signed it, or why not.
 """
@@ -76,6 +77,14 @@ def keygen(name: str, directory: str = ".") -> tuple[str, str]:
         f.write(f"{SECRET}:{name}:{base64.b64encode(raw_secret).decode()}\n")
     atomic_write(public_path, f"{PUBLIC}:{name}:{base64.b64encode(raw_public).decode()}\n")
     return secret_path, public_path
+
+
+def check_secret(secret_file: str) -> str:
+    """The name of the secret key in ``secret_file``; OpforgeError (saying why) when it can't sign."""
+    ed25519 = _crypto()
+    name, raw = _read(secret_file, SECRET)
+    ed25519.Ed25519PrivateKey.from_private_bytes(raw)
+    return name
 
 
 def sign(data: bytes, secret_file: str) -> dict:

@@ -203,6 +203,19 @@ def links_with(argv: tuple[str, ...], identity: str, linker: str, extra: tuple[s
         return out.returncode == 0
 
 
+@functools.lru_cache(maxsize=16)
+def accepts_prefix_map(argv: tuple[str, ...], identity: str) -> bool:
+    """Whether the compiler takes ``-ffile-prefix-map`` (GCC 8+, clang 10+): one preprocessor run on
+    the cold path, memoised per compiler."""
+    del identity  # part of the memo key
+    try:
+        out = subprocess.run([*argv, "-ffile-prefix-map=/opforge-probe=.", "-E", "-x", "c++", os.devnull, "-o",
+                              os.devnull], capture_output=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0
+
+
 def linker_flags(cxx: Tool | None, choice: str, extra_ldflags: tuple[str, ...] = (),
                  path_env: str | None = None, runtime: tuple[str, ...] = ()) -> list[str]:
     """``-fuse-ld=...`` for ``OPFORGE_LINKER`` (see settings.py); nothing when the user's own
@@ -259,5 +272,5 @@ def host_cpu_identity() -> str:
 @forgets
 def _forget() -> None:
     """The probes memoized per tool identity (``opforge.reset()``)."""
-    for memo in (nvcc_release, _print_file_name, links_with):
+    for memo in (nvcc_release, _print_file_name, links_with, accepts_prefix_map):
         memo.cache_clear()

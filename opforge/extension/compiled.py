@@ -131,7 +131,7 @@ class CompiledExtension(Extension):
         failure = failures.read(failures.path_for(layout.name_dir(self.name), spec.input_key))
         if failure is not None and failure.still_holds():
             return Status(FAILED, "; ".join(filter(None, [note, failure.describe(self.name)])), spec, None, s)
-        return Status(NEEDS_BUILD, note, spec, None, s)
+        return Status(NEEDS_BUILD, note, spec, None, s, remote=_in_remote(spec, s))
 
     def _load(self, platform, status: Status | None, verbose: bool) -> LoadedKernel:
         from .. import prebuilt as prebuilt_mod
@@ -202,6 +202,18 @@ class CompiledExtension(Extension):
         if not loaded:
             importer.load_library(self.name, path, self.source_paths())
         return LoadedKernel(self.name, self.kind, self.backend, origin, path, getattr(torch.ops, self.namespace))
+
+
+def _in_remote(spec, s: settings_mod.Settings) -> bool:
+    """With no compiler here, does the remote cache hold a build of ``spec`` that a pull would take under
+    the trust settings (``remote.predict``: a listing and the signatures, bounded by OPFORGE_REMOTE_TIMEOUT)?
+    With a compiler the load asks the store itself before building."""
+    if not (s.remote_cache and spec.toolchain_missing):
+        return False
+    from ..engine import remote
+    from ..engine.progress import Reporter
+
+    return (remote.predict(spec, s, Reporter(s.verbose)) or "").startswith("would be pulled")
 
 
 _SOURCE_DIRS: weakref.WeakKeyDictionary[type, str] = weakref.WeakKeyDictionary()

@@ -18,7 +18,7 @@ from opforge.platform import Cpu, Gpu, Platform, ToolInfo
 
 ANSI = re.compile(r"\x1b\[")
 CANDIDATE_KEYS = {"name", "backend", "priority", "available", "available_reason", "compatible", "compatible_reason",
-                  "accepted", "reason", "state", "note", "chosen", "adopted_from", "remote"}
+                  "accepted", "reason", "state", "note", "chosen", "adopted_from", "remote", "remote_pull"}
 GCC = ToolInfo("/usr/bin/g++", "g++ 12.2.0")
 NINJA = ToolInfo("/usr/bin/ninja", "1.11")
 HASWELL = Platform(cpu=Cpu(microarch="haswell", features=frozenset(isa.AVX2.features), cores=8), cxx=GCC, ninja=NINJA)

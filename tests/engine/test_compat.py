@@ -26,7 +26,8 @@ def test_facts_survive_their_json_and_a_binary_runs_on_its_own_torch(f):
     assert TorchFacts.from_json(f.to_json()) == f
     assert compat.same_torch(f, f)
     assert compat.same_torch(dataclasses.replace(f, git_version=""), dataclasses.replace(f, git_version="x"))
-    assert f.abi_key() == f.as_tuple()
+    assert f.abi_key(where=True) == f.as_tuple()
+    assert f.abi_key() == dataclasses.replace(f, root="/elsewhere").abi_key()  # where torch is: not in the key
 
 
 @given(facts, st.sampled_from(sorted(CHANGES)))

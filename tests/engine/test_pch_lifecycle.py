@@ -286,10 +286,14 @@ def test_eager_keeps_the_cap_and_does_not_retry_a_failure(fake, monkeypatch):
 
 def test_the_same_flags_with_sources_at_another_path_share_the_pch(fake):
     """A PCH is keyed by the compiler and flags, not where the sources are: a checkout at another path
-    (another node's layout, StyleGAN's per-digest copy of a plugin's folder) counts as a second build."""
+    (another node's layout, StyleGAN's per-digest copy of a plugin's folder) with an edit counts as a
+    second build; the same bytes at another path are no build at all (relocatable keys)."""
     build(fake, "one", where="checkout_a/ops")
-    build(fake, "one", where="elsewhere/checkout_b/ops")
+    build(fake, "one", where="moved/checkout_a/ops")
+    assert len(compiles(fake, "one")) == 1
+    build(fake, "one", where="elsewhere/checkout_b/ops", text=SOURCE + "// edited\n")
+    assert len(compiles(fake, "one")) == 2
     assert pch_store.wait(str(fake / "cache"), timeout=60)
     assert len(calls(fake, "c++-header")) == 1
-    build(fake, "one", where="third/ops")
+    build(fake, "one", where="third/ops", text=SOURCE + "// edited again\n")
     assert f"-include {str(_only_pch(fake).header)}" in compiles(fake, "one")[-1]

@@ -40,6 +40,7 @@ def test_node_b_with_no_compiler_loads_what_node_a_built_and_pushed(monkeypatch,
 
 def test_unsigned_entries_load_when_explicitly_allowed(monkeypatch, tmp_path, source, counting_cxx):
     url = f"file://{tmp_path / 'store'}"
+    monkeypatch.setenv("OPFORGE_REMOTE_ALLOW_UNSIGNED", "1")  # else node A's unsigned push is refused
     node_a(monkeypatch, tmp_path, url, source, "remote_mod")
     got, _ = node_b(tmp_path, url, source, "remote_mod", OPFORGE_REMOTE_ALLOW_UNSIGNED="1")
     assert got["value"] == 7 and len(counting_cxx.compiles()) == 1
@@ -155,13 +156,14 @@ def test_doctor_checks_the_store_and_the_keys(tmp_path, keys, silent_server):
 
     assert verdicts() == {"remote cache": ("ok", "not set (OPFORGE_REMOTE_CACHE): builds stay on this machine")}
     url = f"file://{tmp_path / 'store'}"
+    (tmp_path / "store").mkdir()  # a store that isn't there is "missing" (tests/remote/test_remote_objects.py)
     good = verdicts(OPFORGE_REMOTE_CACHE=url, OPFORGE_TRUSTED_KEYS=keys["public"], OPFORGE_REMOTE_PUSH="1",
                     OPFORGE_SIGNING_KEY=keys["secret"])
     assert good["remote cache"] == ("ok", f"{url}: reachable, 0 entries")
     assert good["trusted keys"] == ("ok", "pulls accept entries signed by node-a") and good["signing key"][0] == "ok"
     loose = verdicts(OPFORGE_REMOTE_CACHE=url, OPFORGE_REMOTE_PUSH="1")
     assert loose["trusted keys"][0] == "warn" and "every remote entry will be refused" in loose["trusted keys"][1]
-    assert loose["signing key"][0] == "warn" and "pushes are unsigned" in loose["signing key"][1]
+    assert loose["signing key"][0] == "warn" and "pushes are refused" in loose["signing key"][1]
     swapped = verdicts(OPFORGE_REMOTE_CACHE=url, OPFORGE_TRUSTED_KEYS=keys["secret"])
     assert swapped["trusted keys"][0] == "fail" and "is not an opforge public key" in swapped["trusted keys"][1]
     remote._DEAD.clear()
