@@ -130,6 +130,18 @@ class Settings:
     remote_allow_unsigned: bool = False
     """``OPFORGE_REMOTE_ALLOW_UNSIGNED``: ``1`` accepts unsigned remote entries (every other check still runs)."""
 
+    @property
+    def pch_cap(self) -> int:
+        """The PCHs' cap inside the cache's: ``OPFORGE_PCH_MAX_SIZE``, but at most half of
+        ``OPFORGE_CACHE_MAX_SIZE``, else a small cache cap would evict each PCH right after it is made.
+
+        >>> current({"OPFORGE_CACHE_MAX_SIZE": "1G"}).pch_cap == 2**29, current({}).pch_cap == 2 * 2**30
+        (True, True)
+        """
+        if not self.cache_max_size:
+            return self.pch_max_size
+        return min(self.pch_max_size, self.cache_max_size // 2)
+
     def build_env(self) -> tuple[tuple[str, str], ...]:
         """The variables that change a binary, as (name, value) pairs for the build key."""
         values = {

@@ -271,7 +271,7 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
     if pch_plan is not None and pch_plan.make_after:  # for later builds with these flags, at the lowest priority
         from . import pch_store
 
-        pch_store.start_background(pch_plan.pch, s.pch_max_size, reporter)
+        pch_store.start_background(pch_plan.pch, s.pch_cap, reporter)
     if s.remote_cache and s.remote_push:  # outside the lock: this node's waiting processes load meanwhile
         from . import remote
 
@@ -398,4 +398,4 @@ def _pch_plan(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, cxx: to
         reporter.info("the compiler is not GCC; building without a precompiled torch/extension.h")
         return None
     store = pch_store.describe(layout.root, cxx.identity, cxx_argv, cflags, repr(spec.torch.as_tuple()))
-    return pch_store.plan(store, s.pch_mode, s.pch_max_size, s.lock_timeout, reporter, sources)
+    return pch_store.plan(store, s.pch_mode, s.pch_cap, s.lock_timeout, reporter, sources)
