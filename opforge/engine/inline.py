@@ -1,10 +1,18 @@
 """``load_inline()``: torch's ``load_inline`` over opforge's ``load``: the source strings (and
 the pybind11 bindings generated for ``functions``) become files in a content-addressed
-directory of the cache (or ``build_directory``), which ``jit`` then builds and loads as any."""
+directory of the cache (or ``build_directory``), which ``jit`` then builds and loads as any.
+
+In the cache, the directory (``<name>/.src-<digest>/``) is a leftover that ``opforge cache clean``
+removes. While a process writes the files and loads from them, it holds a shared ``flock`` on
+``<dir>.lock`` (:func:`_using`); clean removes the dir only when it gets that lock exclusively, at once
+(``inventory.discard_if_idle``), so it never removes sources a load is about to hash or compile, and
+a load that comes during a removal waits for it, then writes the files again."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import os
 
 from .. import settings as settings_mod
@@ -73,6 +81,7 @@ def load_inline(
 
     if build_directory:
         src_dir = os.path.abspath(build_directory)
+        using = contextlib.nullcontext()  # the user's dir: nobody else removes it
     else:
         from .key import digest
 
@@ -80,14 +89,35 @@ def load_inline(
         cache.ensure_dir(layout.root, layout.root)
         cache.ensure_dir(layout.name_dir(name), layout.root)
         src_dir = os.path.join(layout.name_dir(name), ".src-" + digest(files)[:16])
-    os.makedirs(src_dir, mode=0o700, exist_ok=True)
-    paths = []
-    for fname, text in files.items():
-        path = os.path.join(src_dir, fname)
-        write_if_changed(path, text)
-        paths.append(path)
-    return _load(s, name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths, build_directory,
-                 verbose, with_cuda, is_python_module, False)
+        using = _using(src_dir)
+    with using:
+        os.makedirs(src_dir, mode=0o700, exist_ok=True)
+        paths = []
+        for fname, text in files.items():
+            path = os.path.join(src_dir, fname)
+            write_if_changed(path, text)
+            paths.append(path)
+        return _load(s, name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths,
+                     build_directory, verbose, with_cuda, is_python_module, False)
+
+
+@contextlib.contextmanager
+def _using(src_dir: str):
+    """A shared ``flock`` on ``<src_dir>.lock`` for the block: any number of loads share it; ``opforge cache
+    clean`` must take it exclusively to remove ``src_dir``. The kernel drops it if this process dies. In a
+    cache this process can't write (a read-only mount), there is no lock to take, and no clean to fear."""
+    try:
+        fd = os.open(src_dir + ".lock", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        fd = None
+    if fd is None:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while a clean removes the dir (a non-blocking taker)
+        yield
+    finally:
+        os.close(fd)
 
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tarfile
 import tempfile
 import threading
@@ -237,6 +238,12 @@ def trust(found: tuple[str, str, bytes, dict | None], name: str, entry: str, s: 
     return verdict
 
 
+def _copy_object(fs, obj: str, out) -> bool:
+    with fs.open(obj, "rb") as src:
+        shutil.copyfileobj(src, out, 1 << 20)
+    return True
+
+
 def _pull_object(fs, obj: str, root: str, s: settings_mod.Settings, reporter: Reporter,
                  places=None) -> archive.Outcome | None:
     """Download one object, check its signature, import it (every ``cache import`` check) into the
@@ -244,8 +251,11 @@ def _pull_object(fs, obj: str, root: str, s: settings_mod.Settings, reporter: Re
     name, entry = obj.rsplit("/", 3)[-3], obj.rsplit("/", 1)[-1][:-len(".tar")]
     with tempfile.TemporaryDirectory(prefix=".remote-", dir=root) as tmp:
         local = os.path.join(tmp, "entry.tar")
-        if _bounded(s, reporter, f"downloading {obj}", lambda: fs.get_file(obj, local) or True) is None:
-            return None
+        # Into a file opened here: a download that outlives the timeout goes on in its thread, and must not
+        # recreate the staging dir after it is gone (as fs.get_file(obj, path) would); it writes to a closed file.
+        with open(local, "wb") as out:
+            if _bounded(s, reporter, f"downloading {obj}", lambda: _copy_object(fs, obj, out)) is None:
+                return None
         found = inspect_object(local)
         try:
             verdict = Rejected("it is not a whole one-entry opforge archive (truncated?)") if found is None else \
