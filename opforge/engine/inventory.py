@@ -246,7 +246,8 @@ def known(root: str, name: str) -> bool:
 
 
 def discard_if_idle(path: str) -> bool:
-    """Remove a build dir unless a build holds its lock (``<path>.lock``) now."""
+    """Remove a dir (a build dir, ``load_inline``'s sources) unless someone holds its lock (``<path>.lock``)
+    now: a build, or a ``load_inline`` writing and loading the sources (its shared flock)."""
     import filelock
 
     lock = filelock.FileLock(path + ".lock", thread_local=False)

@@ -289,11 +289,17 @@ def make_spec(
     )
 
 
+def python_include() -> str:
+    """Python's include dir, as ``sysconfig.get_path("include", scheme="posix_prefix")`` gives it (a test
+    checks they agree), without the 1-2 ms that sysconfig's first call costs a warm load."""
+    import sys
+
+    return os.path.join(sys.base_prefix, "include", f"python{sys.version_info[0]}.{sys.version_info[1]}{sys.abiflags}")
+
+
 def system_dirs(facts: compat.TorchFacts, cuda_home: str | None) -> tuple[tuple[str, str], ...]:
     """torch's, Python's and CUDA's dirs on this machine, by the names the key gives them."""
-    import sysconfig
-
-    found = [("torch", facts.root), ("python", sysconfig.get_path("include", scheme="posix_prefix") or "")]
+    found = [("torch", facts.root), ("python", python_include())]
     if cuda_home:
         found.append(("cuda", os.path.realpath(cuda_home)))
     return tuple((n, d) for n, d in found if d)

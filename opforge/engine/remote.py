@@ -175,8 +175,10 @@ def _bounded(s: settings_mod.Settings, reporter: Reporter, what: str, fn):
         first = url not in _DEAD
         _DEAD[url] = why
     if first:
-        reporter.notice(f"the remote cache {url} is not usable ({what}: {why}); building locally, and not asking "
-                        "it again in this process")
+        then = "the build is kept here only" if what.startswith(("uploading", "looking for the object", "announcing", "withdrawing")) \
+            else "building locally"
+        reporter.notice(f"the remote cache {url} is not usable ({what}: {why}); {then}, and not asking it again "
+                        "in this process")
     return None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 
@@ -256,3 +257,29 @@ def test_ninja_runs_one_job_per_usable_cpu_unless_max_jobs(monkeypatch):
     monkeypatch.delattr(os, "sched_getaffinity", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: None)
     assert compile_mod.default_jobs() == 1
+
+
+def test_the_python_include_dir_is_sysconfigs():
+    import sysconfig
+
+    assert key.python_include() == sysconfig.get_path("include", scheme="posix_prefix")
+
+
+def test_the_key_holds_no_path_of_this_machine(spec_of, tmp_path):
+    """The same bytes at two paths, include dirs and flags naming them: one key (relocate.py)."""
+    make, src = spec_of
+    keys = set()
+    for where in ("ci/builds/p", "home/u/venvs/x/p"):
+        base = tmp_path / where
+        (base / "include").mkdir(parents=True)
+        (base / "csrc").mkdir()
+        (base / "csrc" / "k.cpp").write_text(src.read_text())
+        s = settings.current({"PATH": os.environ["PATH"]})
+        spec = key.make_spec(s, "kmod", [str(base / "csrc" / "k.cpp")], [f"-DDATA={base}/data"], None, None,
+                             [str(base / "include")], None, True, False)
+        assert (spec.root, spec.key_sources) == (str(base), ("csrc/k.cpp",))
+        keys.add((spec.input_key, spec.config_key, spec.portable_key))
+        assert str(tmp_path) not in json.dumps(spec._config(), default=str)
+    assert len(keys) == 1
+    moved = make(sources=[str(tmp_path / "ci/builds/p/csrc/k.cpp")], source_root=str(tmp_path / "ci"))
+    assert moved.key_sources == ("builds/p/csrc/k.cpp",)  # a declared root: the layout under it is in the key
