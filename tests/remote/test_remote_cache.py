@@ -23,7 +23,7 @@ from opforge.engine import remote, signing  # noqa: E402
 
 
 def test_node_b_with_no_compiler_loads_what_node_a_built_and_pushed(monkeypatch, tmp_path, source, keys,
-                                                                    counting_cxx):
+                                                                    counting_cxx, silent_server):
     store = tmp_path / "store"
     url = f"file://{store}"
     node_a(monkeypatch, tmp_path, url, source, "remote_mod", keys["secret"])
@@ -32,10 +32,14 @@ def test_node_b_with_no_compiler_loads_what_node_a_built_and_pushed(monkeypatch,
     assert obj.parent.parent.name == "remote_mod" and obj.parent.parent.parent.name == remote.PREFIX
     got, err = node_b(tmp_path, url, source, "remote_mod", OPFORGE_TRUSTED_KEYS=keys["public"])
     assert got["value"] == 7 and got["file"].startswith(str(tmp_path / "node-b"))
-    assert len(counting_cxx.compiles()) == 1  # node B compiled nothing
-    warm, _ = node_b(tmp_path, url, source, "remote_mod", OPFORGE_TRUSTED_KEYS=keys["public"],
-                     OPFORGE_REMOTE_CACHE="file:///nonexistent/store")  # now a local hit: the store isn't asked
-    assert warm["file"] == got["file"]
+    # Node B has no compiler (its CXX and PATH name nothing), so its load proves the pull; that it compiles
+    # nothing when it has node A's compiler is tests/remote/test_relocated.py's.
+    assert len(counting_cxx.compiles()) == 1
+    # Now a local hit: the store isn't asked. A store that never answers would cost its timeout and a notice.
+    warm, err = node_b(tmp_path, url, source, "remote_mod", OPFORGE_TRUSTED_KEYS=keys["public"],
+                       OPFORGE_REMOTE_CACHE=silent_server, OPFORGE_REMOTE_TIMEOUT="30")
+    assert warm["file"] == got["file"] and "not usable" not in err
+    assert silent_server.connections == 0
 
 
 def test_unsigned_entries_load_when_explicitly_allowed(monkeypatch, tmp_path, source, counting_cxx):
