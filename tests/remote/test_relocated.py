@@ -193,3 +193,28 @@ def test_the_same_bytes_built_at_two_paths_are_bit_identical(tmp_path, monkeypat
         binaries.append(path)
     assert os.path.basename(os.path.dirname(binaries[0])) == os.path.basename(os.path.dirname(binaries[1]))
     assert shas[0] == shas[1]
+
+
+def test_cache_export_and_import_carry_a_build_to_sources_at_another_path(monkeypatch, tmp_path, counting_cxx):
+    """``cache export`` on the CI machine, ``cache import`` on a node whose copy is elsewhere: the node loads
+    the imported entry with no compiler (its headers are checked where the node has them, at load)."""
+    src_a, inc_a = tree(tmp_path / "builds" / "proj")
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "node-a"))
+    assert opforge.load("tree_mod", [src_a], extra_include_paths=[inc_a]).value() == 41
+    env = {"OPFORGE_CACHE_DIR": str(tmp_path / "node-a")}
+    out = run_python(f"from opforge.cli.main import main; raise SystemExit(main(['cache', 'export', "
+                     f"{str(tmp_path / 'a.tar')!r}]))", env=env)
+    assert out.returncode == 0, out.stderr
+    b_base = tmp_path / "opt" / "proj"
+    relocate(tmp_path / "builds" / "proj", b_base)
+    node_b = {"OPFORGE_CACHE_DIR": str(tmp_path / "node-b"), "CXX": "/nonexistent/c++", "PATH": "/nonexistent"}
+    out = run_python(f"from opforge.cli.main import main; raise SystemExit(main(['cache', 'import', "
+                     f"{str(tmp_path / 'a.tar')!r}]))", env=node_b)
+    assert out.returncode == 0 and "imported" in out.stdout, out.stdout + out.stderr
+    code = LOAD_TREE.replace("SRC", repr(str(b_base / "csrc" / "tree_mod.cpp"))).replace(
+        "INC", repr(str(b_base / "include")))
+    out = run_python(code, env=node_b)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["value"] == 41 and got["file"].startswith(str(tmp_path / "node-b"))
+    assert len(counting_cxx.compiles()) == 1
