@@ -206,11 +206,8 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
     """The cold path, under the build lock."""
     from .lock import BuildLock
 
-    cxx = toolchain.cxx(s)  # raises a ToolchainError that names CXX when there is no compiler
-    nvcc = toolchain.nvcc(s) if spec.with_cuda else None  # likewise, naming CUDA_HOME
-    if nvcc is not None:  # another CUDA major than torch's: a ToolchainError, as torch's own JIT refuses it
-        toolchain.check_cuda(nvcc, spec.torch.cuda, reporter.notice)
-    ninja = toolchain.ninja()
+    if spec.toolchain_missing and ranks.role(s).builds:
+        toolchain.cxx(s)  # fail fast, naming CXX; a rank that waits for a builder needs no compiler
     name_dir = layout.name_dir(spec.name)
     cache.ensure_dir(layout.root, layout.root)
     cache.ensure_dir(name_dir, layout.root)
@@ -236,6 +233,11 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
             return entry
         if store is not None:  # the builder's part moved here: announce (the claim won), build, push
             role = dataclasses.replace(role, builds=True)
+    cxx = toolchain.cxx(s)  # raises a ToolchainError that names CXX when there is no compiler
+    nvcc = toolchain.nvcc(s) if spec.with_cuda else None  # likewise, naming CUDA_HOME
+    if nvcc is not None:  # another CUDA major than torch's: a ToolchainError, as torch's own JIT refuses it
+        toolchain.check_cuda(nvcc, spec.torch.cuda, reporter.notice)
+    ninja = toolchain.ninja()
     with BuildLock(lock_path, spec.name, s.lock_timeout, reporter.notice) as lock:
         for path in bad:  # failed to import although its stat matched: corrupt in place
             cache.discard(path)

@@ -134,11 +134,14 @@ def _source(tmp_path, name: str) -> str:
 def test_one_process_per_node_polls_the_store_at_most_once_a_second(tmp_path, cluster):
     """Node A: the builder (global rank 0), 6 s late. Node B: three ranks that wait for its push. Of node B's
     processes, one lists the store during the wait, at most once per second; the other two ask it once (their
-    first lookup, before the wait) and then wait on the node's lock and cache."""
+    first lookup, before the wait) and then wait on the node's lock and cache. Node B has no compiler: a rank
+    that waits for a builder needs none."""
     name = "wait_polls"
     src = _source(tmp_path, name)
     a, b = tmp_path / "node-a", tmp_path / "node-b"
-    procs, out = cluster({"*": [[name, src]]}, {0: (a, 0), 1: (b, 0), 2: (b, 1), 3: (b, 2)}, delay={0: 6.0})
+    no_cc = {"CXX": "/nonexistent/c++", "PATH": "/nonexistent"}
+    procs, out = cluster({"*": [[name, src]]}, {0: (a, 0), 1: (b, 0), 2: (b, 1), 3: (b, 2)}, delay={0: 6.0},
+                         rank_env={1: no_cc, 2: no_cc, 3: no_cc})
     results = _finish(procs, out, range(4))
     assert [r[0].get("value") for r in results.values()] == [42] * 4, results
     assert cluster.compiles() == [0]
