@@ -10,7 +10,7 @@
   nothing of is "missing" (exit 1), with where it looked.
 * ``list --remote``: what the store holds.
 * ``prune --remote --older-than DAYS [--dry-run]``: remove the store's objects older than DAYS, never
-  one younger than the grace period (``remote.GRACE_DAYS``), for a CI's scheduled job.
+  one younger than the grace period (``remote_prune.GRACE_DAYS``), for a CI's scheduled job.
 * ``keygen NAME [--dir DIR]``: ``NAME.secret`` (0600) and ``NAME.public`` for signing.
 
 Exit 2 when no store is configured, its URL is unusable (``file://relative``), it can't be reached, or
@@ -92,15 +92,15 @@ def _show(outcomes, title: str, as_json: bool, extra: dict) -> int:
 
 def _transfer(args, command: str) -> int:
     """``push`` (the local cache to the store) or ``pull`` (the store to the local cache), with a table."""
-    from ..engine import remote
+    from ..engine import remote, remote_push
 
     s, reporter = _store(command)
     if s is None:
         return 2
-    move = remote.push_names if command == "push" else remote.pull_names
+    move = remote_push.push_names if command == "push" else remote.pull_names
     try:
         outcomes = move(args.names, s, reporter)
-    except remote.PushRefused as exc:
+    except remote_push.PushRefused as exc:
         print(f"opforge cache push: nothing pushed: {exc}", file=sys.stderr)
         return 2
     except remote.StoreMissing as exc:
@@ -143,10 +143,10 @@ def cmd_list_remote(args) -> int:
 
 
 def prune_summary(rows, dry_run: bool) -> tuple[dict, str]:
-    """What ``remote.prune`` did (its ``Pruned`` rows): counts and bytes per action, and one line saying
+    """What ``remote_prune.prune`` did (its ``Pruned`` rows): counts and bytes per action, and one line saying
     so, with why each kept file stayed.
 
-    >>> from opforge.engine.remote import Pruned
+    >>> from opforge.engine.remote_prune import Pruned
     >>> rows = [Pruned("p1", "m", "object", 2048, 40.0, "removed"), Pruned("p2", "m", "object", 1024, 0.2, "kept",
     ...         "younger than the grace period (1 day)")]
     >>> summary, line = prune_summary(rows, dry_run=False)
@@ -169,13 +169,13 @@ def prune_summary(rows, dry_run: bool) -> tuple[dict, str]:
 
 
 def cmd_prune(args) -> int:
-    from ..engine import remote
+    from ..engine import remote, remote_prune
 
     s, reporter = _store("prune --remote")
     if s is None:
         return 2
     try:
-        rows = remote.prune(args.older_than, s, reporter, dry_run=args.dry_run)
+        rows = remote_prune.prune(args.older_than, s, reporter, dry_run=args.dry_run)
     except remote.StoreMissing as exc:
         return _missing("prune --remote", exc)
     if rows is None:
@@ -183,7 +183,7 @@ def cmd_prune(args) -> int:
     summary, line = prune_summary(rows, args.dry_run)
     shown = [r for r in rows if r.action != "kept"]
     if args.json:
-        json.dump({"remote": s.remote_cache, "older_than_days": args.older_than, "grace_days": remote.GRACE_DAYS,
+        json.dump({"remote": s.remote_cache, "older_than_days": args.older_than, "grace_days": remote_prune.GRACE_DAYS,
                    "dry_run": args.dry_run, "summary": summary, "files": [r.to_json() for r in rows]}, sys.stdout,
                   indent=1)
         print()

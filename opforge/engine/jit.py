@@ -225,9 +225,9 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
         find = lambda: find_entry(layout, spec, reporter)  # noqa: E731
         store = None
         if role.scope == "remote":  # the builder may be on another node: one rank per node polls the store
-            from . import remote
+            from . import remote_push, remote_wait
 
-            store = remote.Watch(layout, spec, s, reporter, find)
+            store = remote_wait.Watch(layout, spec, s, reporter, find)
         entry = ranks.await_builder(find, lock_path, failed, spec.name, role, s, reporter, store)
         if entry is not None:
             return entry
@@ -257,9 +257,9 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
         cache.ensure_dir(build_dir, layout.root)
         withdraw = lambda: None  # noqa: E731
         if role.scope == "remote" and role.builds:  # say so in the store: other nodes wait for the push
-            from . import remote
+            from . import remote_push, remote_wait
 
-            withdraw = remote.announce(spec, s, reporter)
+            withdraw = remote_wait.announce(spec, s, reporter)
         try:
             entry, pch_plan = _compile_and_publish(layout, spec, s, cxx, nvcc, ninja, build_dir, reporter)
         except BuildError as exc:
@@ -275,9 +275,9 @@ def _build(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, build_dire
 
         pch_store.start_background(pch_plan.pch, s.pch_cap, reporter)
     if s.remote_cache and s.remote_push:  # outside the lock: this node's waiting processes load meanwhile
-        from . import remote
+        from . import remote_push, remote_wait
 
-        remote.push(entry, s, reporter)
+        remote_push.push(entry, s, reporter)
     withdraw()
     from . import budget
 

@@ -32,13 +32,13 @@ some ranks hangs all of them. A waiting rank uses the filesystem (and the store)
 don't all ask the store. The one that takes the node-local flock ``<build lock>.poll`` is the node's
 poller; the others block on that flock and on the node's cache (a ``listdir`` per quarter second),
 and load the entry once the poller has pulled it. The poller lists the spec's directory in the store
-at most once per second (``remote.POLL_EVERY``, jittered): one request, which shows both a pushed
+at most once per second (``remote_wait.POLL_EVERY``, jittered): one request, which shows both a pushed
 object (pulled at once) and the builders' markers. A builder rewrites its marker every 2 s
-(``remote.HEARTBEAT``); ``Beats`` dates each change the poller sees, on the poller's own clock (no
+(``remote_wait.HEARTBEAT``); ``Beats`` dates each change the poller sees, on the poller's own clock (no
 clock skew between nodes enters), and:
 
 * a marker that changes: wait;
-* one seen changing that has stood still for 6 s (``remote.STALE_AFTER``, three beats): its builder
+* one seen changing that has stood still for 6 s (``remote_wait.STALE_AFTER``, three beats): its builder
   was killed. The poller claims the next generation of marker (a create that never replaces, so one
   rank in the whole cluster wins it), builds and pushes; the losers wait on the winner's marker;
 * one seen changing that is gone with no object pushed (the build or the push failed): build here;
@@ -149,7 +149,7 @@ def role(s: settings_mod.Settings) -> Role:
 
 @dataclass
 class Beats:
-    """What a node's poller has seen of the builders' markers in the store (``remote.Look.marker``: the highest
+    """What a node's poller has seen of the builders' markers in the store (``remote_wait.Look.marker``: the highest
     generation's), on this process's monotonic clock. Pure: the times are arguments.
 
     A marker is alive while it changes. A change is dated to the poll before the one that saw it (the beat
@@ -162,7 +162,7 @@ class Beats:
       or its push did);
     * ``none``: no live marker seen (none there, or an earlier job's).
 
-    >>> from opforge.engine.remote import Marker
+    >>> from opforge.engine.remote_wait import Marker
     >>> b = Beats(stale_after=6.0)
     >>> b.see(None, now=0.0), b.see(Marker(0, "v1", age=0.4), now=1.0)  # the builder announces
     ('none', 'alive')
@@ -212,7 +212,7 @@ def await_builder(find: Callable[[], T | None], lock_path: str, failed: str, wha
                   s: settings_mod.Settings, reporter, store=None) -> T | None:
     """Wait for ``r.builder`` to publish ``what`` (see the module doc). The entry, or None when this
     process should build it itself; BuildError when the builder gave up without publishing.
-    ``store`` (``remote.Watch``): the builder may be on another node; one rank per node polls the store."""
+    ``store`` (``remote_wait.Watch``): the builder may be on another node; one rank per node polls the store."""
     deadline = time.monotonic() + s.dist_grace
     since = time.time() - s.dist_grace  # a failure older than that is not this job's
     reporter.info(f"{what}: waiting for {r.builder} to build it ({r.reason})")

@@ -23,14 +23,10 @@ here) and publishes atomically. What fails a check is said once and never publis
 seconds; past that, or on an error from the store, the store counts as dead for the rest of the
 process (said once) and the build goes on locally.
 
-**Push** (``OPFORGE_REMOTE_PUSH=1``, ``opforge cache push``): the entry is exported, signed with
-``OPFORGE_SIGNING_KEY`` and placed, never over an object already there (``_place``: S3's conditional
-PUT, a hard link on a directory, WebDAV's MOVE with ``Overwrite: F``): an object, once written, never
-changes. With no key the push is refused (``push_refusal``) unless ``OPFORGE_REMOTE_ALLOW_UNSIGNED=1``.
-After a build a refused or failed push is a notice (a refusal once per process), never a failed build.
-
-**Prune** (``opforge cache prune --remote``): objects older than N days go, never one younger than
-``GRACE_DAYS`` (``prune_verdict``).
+**Push** (``remote_push.py``), **prune** (``remote_prune.py``) and a builder's heartbeat with the waits of
+other nodes (``remote_wait.py``) use this module's store primitives: ``_bounded``, ``_open`` and the
+create-without-overwrite ``_place``/``_create`` (S3's conditional PUT, a hard link on a directory, WebDAV's
+MOVE with ``Overwrite: F``): an object, once written, never changes.
 """
 
 from __future__ import annotations
@@ -42,16 +38,14 @@ import shutil
 import tarfile
 import tempfile
 import threading
-import time
 import uuid
-from dataclasses import asdict, dataclass
 from urllib.parse import urlsplit
 
 from .. import settings as settings_mod
 from ..decision import Rejected
 from ..errors import OpforgeError
 from . import archive, signing
-from .cache import Entry, Layout
+from .cache import Layout
 from .key import BuildSpec
 from .progress import Reporter
 
@@ -61,13 +55,6 @@ SIGNATURE = "signature.json"
 _DEAD: dict[str, str] = {}
 """Store URL -> why it counts as dead in this process."""
 _LOCK = threading.Lock()
-_REFUSED: set[str] = set()
-"""The push refusals said in this process (after a build: once each)."""
-
-GRACE_DAYS = 1.0
-"""``cache prune --remote`` never removes an object younger than this (a node may be about to pull it)."""
-
-IMMUTABLE = "already in the store; objects are immutable, so it was not replaced"
 
 
 class StoreMissing(OpforgeError):
@@ -79,10 +66,6 @@ class StoreMissing(OpforgeError):
         start = "create the bucket, or" if why.startswith("no bucket") else "to start a store there,"
         super().__init__(f"the remote cache {url} does not exist ({why}): check OPFORGE_REMOTE_CACHE for a typo; "
                          f"{start} push to it (`opforge cache push`)")
-
-
-class PushRefused(OpforgeError):
-    """``opforge cache push`` can't sign (``push_refusal``): said once, before any upload."""
 
 
 def url_problem(url: str) -> str | None:
@@ -293,50 +276,6 @@ def pull(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, reporter: Re
     return False
 
 
-HEARTBEAT = 2.0
-"""Seconds between a remote builder's rewrites of its marker in the store (``announce``)."""
-
-STALE_AFTER = 3 * HEARTBEAT
-"""A marker not seen to change for this long (three beats) belongs to a builder that is gone (killed): a waiting
-node's poller takes over (``ranks.Beats``)."""
-
-POLL_EVERY = 1.0
-"""The least seconds between two looks at the store by a node's poller (``Watch``); jittered up to 25 % longer."""
-
-_CLAIMED: dict[tuple[str, str], tuple[str, int]] = {}
-"""(name, input key) -> (marker path, generation) this process won with ``Watch.claim``, for ``announce`` to beat."""
-
-
-def _marker(root: str, spec: BuildSpec, gen: int = 0) -> str:
-    """The marker of the ``gen``-th builder of ``spec``'s inputs: 0 is the first, each takeover claims the next."""
-    base = f"{object_dir(root, spec.name, spec.portable_key)}/.building-{spec.input_key[:16]}"
-    return f"{base}.json" if gen == 0 else f"{base}.{gen}.json"
-
-
-def marker_gen(filename: str, key16: str) -> int | None:
-    """The generation of the builder's marker ``filename`` for the input key ``key16``, else None. Pure.
-
-    >>> k = "0123456789abcdef"
-    >>> marker_gen(f".building-{k}.json", k), marker_gen(f".building-{k}.2.json", k)
-    (0, 2)
-    >>> marker_gen(".building-fedcba9876543210.json", k), marker_gen(f".building-{k}.x.json", k)
-    (None, None)
-    """
-    head = f".building-{key16}"
-    if not filename.startswith(head) or not filename.endswith(".json"):
-        return None
-    middle = filename[len(head):-len(".json")]
-    if not middle:
-        return 0
-    return int(middle[1:]) if middle.startswith(".") and middle[1:].isdigit() else None
-
-
-def _beat(gen: int) -> bytes:
-    import socket
-
-    return json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "at": time.time(), "gen": gen}).encode()
-
-
 def _create(fs, path: str, data: bytes) -> bool:
     """Create the file ``path`` in the store unless one is there (``_place``, never over another): True when created."""
     with tempfile.TemporaryDirectory(prefix="opforge-marker-") as tmp:
@@ -345,137 +284,6 @@ def _create(fs, path: str, data: bytes) -> bool:
             f.write(data)
         fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         return _place(fs, local, path)
-
-
-@dataclass(frozen=True)
-class Marker:
-    """A builder's marker as the store's listing shows it."""
-
-    gen: int
-    version: str
-    """Changes with each beat: the marker's size, modified time and etag in the listing."""
-    age: float | None
-    """Seconds since it was written, by the store's modified time and this machine's clock (off by their skew)."""
-
-
-@dataclass(frozen=True)
-class Look:
-    """One look at the store for a spec (``Watch.look``): one listing of its directory."""
-
-    objects: tuple[str, ...]
-    """The objects this node may take (``_wanted``)."""
-    marker: Marker | None
-    """The marker of the highest generation, if any."""
-
-
-def _look(fs, root: str, spec: BuildSpec) -> Look:
-    try:
-        infos = fs.ls(object_dir(root, spec.name, spec.portable_key), detail=True)
-    except FileNotFoundError:
-        infos = []
-    top = None
-    for info in infos:
-        gen = marker_gen(info["name"].rsplit("/", 1)[-1], spec.input_key[:16])
-        if gen is not None and (top is None or gen > top[0]):
-            top = (gen, info)
-    marker = None
-    if top is not None:
-        gen, info = top
-        mtime = _mtime(info)
-        version = json.dumps([info.get("size"), mtime, info.get("etag") or info.get("ETag")], default=str)
-        marker = Marker(gen, version, None if mtime is None else time.time() - mtime)
-    return Look(tuple(_wanted([info["name"] for info in infos], spec)), marker)
-
-
-class Watch:
-    """A waiting node's eyes on the store, for one spec (``ranks.await_builder``'s ``store``). Only the node's
-    poller calls it, at most once per ``POLL_EVERY`` seconds; it opens the store at its first look."""
-
-    poll_every = POLL_EVERY
-    stale_after = STALE_AFTER
-
-    def __init__(self, layout: Layout, spec: BuildSpec, s: settings_mod.Settings, reporter: Reporter, find):
-        self.layout, self.spec, self.s, self.reporter, self.find = layout, spec, s, reporter, find
-        self._store = None
-        self._tried: set[str] = set()
-
-    def _fs(self):
-        if self._store is None:
-            self._store = _open(self.s, self.reporter)
-        return self._store
-
-    def look(self) -> Look | None:
-        """One listing of the spec's directory: its objects and its builder's marker. None: the store can't be
-        asked (said once; it counts as dead in this process)."""
-        store = self._fs()
-        if store is None:
-            return None
-        fs, root = store
-        return _bounded(self.s, self.reporter, "looking for a build in progress", lambda: _look(fs, root, self.spec))
-
-    def pull(self, look: Look) -> Entry | None:
-        """The local entry, pulled (``fetch``) when ``look`` lists an object not tried before; else None."""
-        new = [obj for obj in look.objects if obj not in self._tried]
-        if not new:
-            return None
-        self._tried.update(new)
-        return fetch(self.layout, self.spec, self.s, self.reporter, self.find)
-
-    def claim(self, gen: int) -> bool | None:
-        """Take the builder's part: create the marker of generation ``gen``, unless another process did first
-        (``_create``: one winner, whatever the race). True: won (``announce`` beats it from now on); False:
-        another process's; None: the store can't be asked."""
-        store = self._fs()
-        if store is None:
-            return None
-        fs, root = store
-        path = _marker(root, self.spec, gen)
-        won = _bounded(self.s, self.reporter, "claiming a build", lambda: _create(fs, path, _beat(gen)))
-        if won:
-            _CLAIMED[(self.spec.name, self.spec.input_key)] = (path, gen)
-        return won
-
-
-def announce(spec: BuildSpec, s: settings_mod.Settings, reporter: Reporter):
-    """Say in the store that this process builds ``spec``, for the other nodes' pollers (``Watch``): its marker
-    (the one it claimed with ``Watch.claim``, else a new generation above those there) is rewritten every
-    ``HEARTBEAT`` seconds until the returned ``stop()``, which removes it. A killed builder's marker stops
-    changing, and a poller takes over once it hasn't for ``STALE_AFTER`` seconds."""
-    claimed = _CLAIMED.pop((spec.name, spec.input_key), None)
-    store = _open(s, reporter)
-    if store is None:
-        return lambda: None
-    fs, root = store
-
-    def first():
-        if claimed is not None:
-            fs.pipe_file(claimed[0], _beat(claimed[1]))
-            return claimed
-        for _ in range(5):  # lost a race for a generation: the next one
-            top = _look(fs, root, spec).marker
-            gen = 0 if top is None else top.gen + 1
-            if _create(fs, _marker(root, spec, gen), _beat(gen)):
-                return _marker(root, spec, gen), gen
-        return False
-
-    got = _bounded(s, reporter, "announcing a build", first)
-    if not got:
-        return lambda: None
-    path, gen = got
-    done = threading.Event()
-
-    def loop():
-        while not done.wait(HEARTBEAT):
-            if _bounded(s, reporter, "announcing a build", lambda: fs.pipe_file(path, _beat(gen)) or True) is None:
-                return
-
-    threading.Thread(target=loop, name="opforge-remote-heartbeat", daemon=True).start()
-
-    def stop():
-        done.set()
-        _bounded(s, reporter, "withdrawing a build marker", lambda: fs.rm_file(path) or True)
-
-    return stop
 
 
 PEEK_BLOCK = 64 * 1024
@@ -654,45 +462,6 @@ def pull_names(names, s: settings_mod.Settings, reporter: Reporter) -> list[arch
     return out
 
 
-def push_refusal(s: settings_mod.Settings) -> str | None:
-    """Why this process may not push, with the fix, else None: no ``OPFORGE_SIGNING_KEY`` (unless
-    ``OPFORGE_REMOTE_ALLOW_UNSIGNED=1``: nodes that trust keys refuse an unsigned object, and build it
-    themselves), or a key file that can't be read or isn't a secret key."""
-    if not s.signing_key:
-        if s.remote_allow_unsigned:
-            return None
-        return ("no signing key, and an unsigned object would be refused by every node that trusts keys: make a key "
-                "pair with `opforge cache keygen NAME`, set OPFORGE_SIGNING_KEY=NAME.secret here and "
-                "OPFORGE_TRUSTED_KEYS=NAME.public on the nodes (or set OPFORGE_REMOTE_ALLOW_UNSIGNED=1 to push unsigned)")
-    try:
-        signing.check_secret(s.signing_key)
-    except OpforgeError as exc:
-        why = str(exc)
-        return f"OPFORGE_SIGNING_KEY: {why}" + ("" if "keygen" in why else
-                                                "; point it at a NAME.secret that `opforge cache keygen NAME` made")
-    return None
-
-
-def push_names(names, s: settings_mod.Settings, reporter: Reporter) -> list[archive.Outcome]:
-    """``opforge cache push [NAME...]``: upload the local entries (of ``names``) that fit this machine;
-    PushRefused (before any upload) when ``push_refusal`` says no."""
-    from . import cache, inventory
-
-    why = push_refusal(s)
-    if why:
-        raise PushRefused(why)
-    out = []
-    for row in inventory.entries(s.cache_dir):
-        if names and row.name not in names:
-            continue
-        m = cache.read_manifest(row.path)
-        if m is None:
-            out.append(archive.Outcome(row.name, os.path.basename(row.path), "skipped", "its manifest is unreadable"))
-            continue
-        out.append(upload(Entry(row.path, m), s, reporter))
-    return out
-
-
 def fetch(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, reporter: Reporter, find):
     """Under the entry's build lock: ``find()`` again (another process may have pulled or built
     it), else ``pull`` and ``find()``. Returns the local entry, or None."""
@@ -711,61 +480,6 @@ def fetch(layout: Layout, spec: BuildSpec, s: settings_mod.Settings, reporter: R
         if entry is None and pull(layout, spec, s, reporter):
             entry = find()
         return entry
-
-
-def push(entry: Entry, s: settings_mod.Settings, reporter: Reporter) -> str | None:
-    """After a build (``OPFORGE_REMOTE_PUSH=1``): ``upload`` the entry; its remote path when it was placed,
-    else None. Never raises: a refusal (``push_refusal``) is a notice once per process, a failure a notice."""
-    why = push_refusal(s)
-    if why:
-        said = f"not pushing to the remote cache {s.remote_cache}: {why}"
-        with _LOCK:
-            first = said not in _REFUSED
-            _REFUSED.add(said)
-        if first:
-            reporter.notice(said)
-        return None
-    outcome = upload(entry, s, reporter)
-    return outcome.reason if outcome.status == "pushed" else None
-
-
-def upload(entry: Entry, s: settings_mod.Settings, reporter: Reporter) -> archive.Outcome:
-    """Export a published entry, sign it with ``OPFORGE_SIGNING_KEY`` (when set) and place it in the store,
-    never over an object there: "pushed" (the reason is its path), "present" (one was there: ``IMMUTABLE``)
-    or "failed" (why; a notice too)."""
-    name, dirname = entry.manifest.name, os.path.basename(entry.path)
-    failed = lambda why: archive.Outcome(name, dirname, "failed", why)  # noqa: E731
-    store = _open(s, reporter)
-    if store is None:
-        return failed(f"the remote cache is not usable: {_DEAD.get(s.remote_cache or '', '?')}")
-    fs, root = store
-    d = object_dir(root, name, entry.manifest.portable_key)
-    final = f"{d}/{dirname}.tar"
-    try:
-        there = _bounded(s, reporter, "looking for the object", lambda: fs.exists(final))
-        if there is None:
-            return failed(f"the remote cache is not usable: {_DEAD.get(s.remote_cache or '', '?')}")
-        placed = False
-        if not there:
-            with open(os.path.join(entry.path, "manifest.json"), "rb") as f:
-                manifest = f.read()
-            extra = {SIGNATURE: json.dumps(signing.sign(manifest, s.signing_key)).encode()} if s.signing_key else {}
-            with tempfile.TemporaryDirectory(prefix="opforge-push-") as tmp:
-                local = os.path.join(tmp, "entry.tar")
-                archive.export(local, names=[name], root=os.path.dirname(os.path.dirname(entry.path)),
-                               entries={entry.path}, extra=extra)
-                placed = _bounded(s, reporter, "uploading", lambda: fs.makedirs(d, exist_ok=True) or
-                                  _place(fs, local, final))
-    except Exception as exc:  # noqa: BLE001 (a push is a courtesy to other nodes: never a failed build)
-        reporter.notice(f"pushing {name} to the remote cache failed: {type(exc).__name__}: {exc}")
-        return failed(f"{type(exc).__name__}: {exc}")
-    if placed is None:
-        return failed(f"the remote cache is not usable: {_DEAD.get(s.remote_cache or '', '?')}")
-    if not placed:
-        reporter.info(f"{name}: {final} is {IMMUTABLE}")
-        return archive.Outcome(name, dirname, "present", IMMUTABLE)
-    reporter.info(f"pushed {name} to {final}")
-    return archive.Outcome(name, dirname, "pushed", final)
 
 
 def _place(fs, local: str, final: str) -> bool:
@@ -824,47 +538,6 @@ def _place(fs, local: str, final: str) -> bool:
                 fs.rm_file(staged)
 
 
-@dataclass(frozen=True)
-class Pruned:
-    """One file of the store that ``prune`` looked at: an object, or a leftover (a push's upload cut off
-    before its move, a builder's marker), and what became of it."""
-
-    path: str
-    name: str
-    what: str
-    """object, upload, marker."""
-    size: int
-    age_days: float | None
-    action: str
-    """removed, would remove (``--dry-run``), kept, failed."""
-    why: str = ""
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
-def prune_verdict(age_days: float | None, older_than: float, grace: float = GRACE_DAYS) -> str | None:
-    """Why a file of this age stays in the store (None: it goes): it must be older than ``older_than``
-    days, and never younger than the grace period. Pure.
-
-    >>> prune_verdict(40, 30) is None, prune_verdict(2, 0) is None
-    (True, True)
-    >>> prune_verdict(5, 30)
-    'younger than 30 days (--older-than)'
-    >>> prune_verdict(0.5, 0)
-    'younger than the grace period (1 day)'
-    >>> prune_verdict(None, 0)
-    'its modified time is unknown'
-    """
-    if age_days is None:
-        return "its modified time is unknown"
-    if age_days < grace:
-        return f"younger than the grace period ({grace:g} day{'s' if grace != 1 else ''})"
-    if age_days < older_than:
-        return f"younger than {older_than:g} days (--older-than)"
-    return None
-
-
 def _mtime(info: dict) -> float | None:
     """A store listing's modified time (seconds since the epoch), as backends spell it: ``mtime`` (a
     directory), ``LastModified`` (S3), ``modified`` (WebDAV), ``updated`` (GCS), ``last_modified`` (Azure)."""
@@ -882,47 +555,3 @@ def _mtime(info: dict) -> float | None:
         if isinstance(value, datetime.datetime):
             return (value if value.tzinfo else value.replace(tzinfo=datetime.timezone.utc)).timestamp()
     return None
-
-
-def prune(older_than: float, s: settings_mod.Settings, reporter: Reporter, dry_run: bool = False,
-          now: float | None = None) -> list[Pruned] | None:
-    """``opforge cache prune --remote --older-than DAYS``: remove the objects older than ``older_than``
-    days by the store's modified time, and leftovers (uploads cut off before their move, builders'
-    markers) past the grace; never anything younger than ``GRACE_DAYS`` (``prune_verdict``). Every file
-    looked at, with what became of it; None when the store can't be asked; StoreMissing when its root
-    isn't there. A node pulling an object as it is removed builds the kernel itself."""
-    got = _survey(s, reporter)
-    if got is None:
-        return None
-    fs, _, found = got
-    now = time.time() if now is None else now
-    out = []
-    for parts, path, info in found:
-        if len(parts) != 3:
-            continue
-        base = parts[2]
-        what = "object" if _is_object(parts) else "marker" if base.startswith(".building-") else \
-            "upload" if base.startswith(".") and base.endswith(".tar") else None
-        if what is None:
-            continue
-        mtime = _mtime(info)
-        age = None if mtime is None else max(0.0, (now - mtime) / 86400)
-        why = prune_verdict(age, older_than if what == "object" else 0.0)
-        row = Pruned(path, parts[0], what, int(info.get("size") or 0), age, "kept", why or "")
-        if why is None:
-            if dry_run:
-                row = Pruned(path, parts[0], what, row.size, age, "would remove")
-            else:
-                done = _bounded(s, reporter, f"removing {path}", lambda path=path: _remove(fs, path))
-                row = Pruned(path, parts[0], what, row.size, age, "removed" if done else "failed",
-                             "" if done else _DEAD.get(s.remote_cache or "", "the store did not answer"))
-        out.append(row)
-    return out
-
-
-def _remove(fs, path: str) -> bool:
-    try:
-        fs.rm_file(path)
-    except FileNotFoundError:  # another prune was first
-        pass
-    return True

@@ -60,7 +60,7 @@ from remote_store import member, objects, serve_webdav, tampered  # noqa: E402
 
 import opforge  # noqa: E402
 from opforge import settings as settings_mod  # noqa: E402
-from opforge.engine import cache, inventory, remote, signing  # noqa: E402
+from opforge.engine import cache, inventory, remote, remote_push, signing  # noqa: E402
 from opforge.engine.progress import Reporter  # noqa: E402
 from opforge.errors import ToolchainError  # noqa: E402
 
@@ -164,7 +164,7 @@ def _push(w: World):
            "OPFORGE_REMOTE_PUSH": "1", "OPFORGE_SIGNING_KEY": w.keys["secret"],
            "OPFORGE_REMOTE_TIMEOUT": str(TIMEOUT)}
     remote._DEAD.clear()
-    return remote.push(w.entry, settings_mod.current(env), Reporter(False))
+    return remote_push.push(w.entry, settings_mod.current(env), Reporter(False))
 
 
 def _load_b(w: World, cache_dir, compiler: bool) -> tuple[str, str]:

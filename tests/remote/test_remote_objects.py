@@ -23,7 +23,7 @@ from conftest import ROOT, pymod_source, run_python
 pytest.importorskip("fsspec")
 pytest.importorskip("cryptography")
 
-from opforge.engine import archive, remote, signing  # noqa: E402
+from opforge.engine import archive, remote, remote_prune, remote_push, signing  # noqa: E402
 
 DAY = 86400.0
 
@@ -210,7 +210,7 @@ def test_a_bad_signing_key_is_one_message_and_exit_2(tmp_path, built, keys, capf
     capfd.readouterr()
     for row in inventory.entries(cache):
         for _ in range(2):
-            assert remote.push(cache_mod.Entry(row.path, cache_mod.read_manifest(row.path)), s, reporter) is None
+            assert remote_push.push(cache_mod.Entry(row.path, cache_mod.read_manifest(row.path)), s, reporter) is None
     assert capfd.readouterr().err.count(said) == 1
     assert not (tmp_path / "store").exists()
 
@@ -398,7 +398,7 @@ def test_a_relative_file_url_is_refused_with_the_fix(monkeypatch, tmp_path, buil
     monkeypatch.chdir(cwd)
     row = inventory.entries(cache)[0]
     capfd.readouterr()
-    assert remote.push(cache_mod.Entry(row.path, cache_mod.read_manifest(row.path)), settings.current(env),
+    assert remote_push.push(cache_mod.Entry(row.path, cache_mod.read_manifest(row.path)), settings.current(env),
                        Reporter(False)) is None
     assert "file:///tmp/x" in capfd.readouterr().err and list(cwd.iterdir()) == []
     remote._DEAD.clear()
@@ -459,8 +459,8 @@ def test_prune_on_s3_goes_by_the_stores_modified_time(monkeypatch, tmp_path, s3)
     for n in range(2):
         fs.pipe_file(f"{root}/{remote.PREFIX}/remote_mod/k/000000000000000{n}-00000000.tar", b"x" * 10)
     s = settings.current({"OPFORGE_REMOTE_CACHE": url})
-    young = remote.prune(0, s, Reporter(False))
+    young = remote_prune.prune(0, s, Reporter(False))
     assert [(r.action, r.why) for r in young] == [("kept", "younger than the grace period (1 day)")] * 2
     assert all(r.age_days is not None and r.age_days < 0.01 for r in young)
-    later = remote.prune(30, s, Reporter(False), now=time.time() + 31 * DAY)
+    later = remote_prune.prune(30, s, Reporter(False), now=time.time() + 31 * DAY)
     assert [r.action for r in later] == ["removed"] * 2 and remote.listing(s, Reporter(False)) == []

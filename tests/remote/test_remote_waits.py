@@ -24,7 +24,7 @@ pytest.importorskip("fsspec")
 psutil = pytest.importorskip("psutil")
 
 from opforge import settings as settings_mod  # noqa: E402
-from opforge.engine import ranks, remote  # noqa: E402
+from opforge.engine import ranks, remote, remote_wait  # noqa: E402
 
 WORKER = os.path.join(ROOT, "tests", "dist_worker.py")
 
@@ -217,7 +217,7 @@ def test_a_killed_builder_is_noticed_within_10_s_and_one_rank_takes_over(tmp_pat
 
 
 class FakeStore:
-    """A store seen through ``remote.Watch``'s interface: a builder whose marker changes every ``beat`` seconds
+    """A store seen through ``remote_wait.Watch``'s interface: a builder whose marker changes every ``beat`` seconds
     until ``kill()``. A claim of the next generation creates its marker, which beats from then on; it is won
     by its first caller, unless ``rival`` (another node's rank was first). Records who looked, and when."""
 
@@ -239,7 +239,7 @@ class FakeStore:
             self.looks.append((now, threading.current_thread().name))
             end = self.killed_at if self.gen == 0 and self.killed_at else now
             version = str(int((end - self.t0) / self.beat))
-            return remote.Look((), remote.Marker(self.gen, f"{self.gen}:{version}", max(0.0, now - end)))
+            return remote_wait.Look((), remote_wait.Marker(self.gen, f"{self.gen}:{version}", max(0.0, now - end)))
 
     def pull(self, look):
         return None
@@ -377,14 +377,14 @@ def test_a_claim_has_one_winner_and_announce_beats_it(tmp_path, store_kind, requ
         url = f"file://{tmp_path / 'store'}"
     else:
         _, url, _ = request.getfixturevalue("webdav")
-    monkeypatch.setattr(remote, "HEARTBEAT", 0.3)
+    monkeypatch.setattr(remote_wait, "HEARTBEAT", 0.3)
     remote._DEAD.clear()
     src = _source(tmp_path, "claimed")
     s = settings_mod.current({"OPFORGE_REMOTE_CACHE": url, "OPFORGE_CACHE_DIR": str(tmp_path / "cache"),
                               "OPFORGE_REMOTE_TIMEOUT": "20"})
     spec = make_spec(s, "claimed", [src], None, None, None, None, False, True, False)
     reporter = Reporter(False)
-    watches = [remote.Watch(Layout(s.cache_dir), spec, s, reporter, lambda: None) for _ in range(2)]
+    watches = [remote_wait.Watch(Layout(s.cache_dir), spec, s, reporter, lambda: None) for _ in range(2)]
     results = [None, None]
     barrier = threading.Barrier(2)
 
@@ -400,7 +400,7 @@ def test_a_claim_has_one_winner_and_announce_beats_it(tmp_path, store_kind, requ
     assert sorted(results) == [False, True], results
     first = watches[0].look().marker
     assert first is not None and first.gen == 0 and first.age < 5
-    stop = remote.announce(spec, s, reporter)  # adopts the claim (generation 0), no new marker
+    stop = remote_wait.announce(spec, s, reporter)  # adopts the claim (generation 0), no new marker
     try:
         time.sleep(1.2)
         second = watches[0].look().marker
