@@ -80,6 +80,32 @@ def _no_ccache(monkeypatch):
     monkeypatch.setenv("OPFORGE_CCACHE", "0")
 
 
+FAKE_CXX = textwrap.dedent("""\
+    import os, shutil, sys
+    args = sys.argv[1:]
+    if os.environ.get("FAKE_CXX_LOG"):
+        with open(os.environ["FAKE_CXX_LOG"], "a") as f:
+            f.write(" ".join(args) + " | nice=%d\\n" % os.nice(0))
+    out = args[args.index("-o") + 1] if "-o" in args else None
+    if "c++-header" in args:  # a PCH
+        if os.environ.get("FAKE_PCH_FAIL"):
+            sys.exit("fatal error: no PCH for you")
+        open(out, "wb").write(b"g" * int(os.environ.get("FAKE_PCH_BYTES", "1000")))
+    elif out and "-c" in args:  # an object, and its depfile
+        src = args[args.index("-c") + 1]
+        if "-MF" in args:
+            open(args[args.index("-MF") + 1], "w").write(f"{out}: {src}\\n")
+        open(out, "wb").write(b"o")
+    elif out and out.endswith(".so") and not any(a.endswith(".cpp") for a in args):  # the link, not a probe
+        open(out, "wb").write(b"b" * int(os.environ.get("FAKE_BINARY_BYTES", "6")))
+    else:  # probes: -dM -E, --version, -print-file-name, linker checks
+        os.execvp(shutil.which("g++"), ["g++", *args])
+""")
+"""A compiler that writes its outputs without compiling (GCC answers the probes): the engine's real cold
+path (ninja, the lock, publish) in milliseconds. ``FAKE_CXX_LOG``: each call's arguments and nice value;
+``FAKE_PCH_FAIL``, ``FAKE_PCH_BYTES``, ``FAKE_BINARY_BYTES``: a failing PCH, the PCH's and binary's sizes."""
+
+
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
     """A fresh, empty cache root for this test (OPFORGE_CACHE_DIR points at it)."""

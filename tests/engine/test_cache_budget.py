@@ -12,11 +12,11 @@ import os
 import re
 import shutil
 import sys
-import textwrap
 import time
 
 import filelock
 import pytest
+from conftest import FAKE_CXX as FAKE  # noqa: E402
 
 from opforge import settings
 from opforge.cli import output
@@ -24,21 +24,6 @@ from opforge.cli.main import main
 from opforge.engine import budget, cache, inventory, jit, pch_store, usage
 from opforge.engine.key import make_spec
 from opforge.engine.progress import Reporter
-
-FAKE = textwrap.dedent("""\
-    import os, shutil, sys
-    args = sys.argv[1:]
-    out = args[args.index("-o") + 1] if "-o" in args else None
-    if out and "-c" in args:  # an object, and its depfile
-        src = args[args.index("-c") + 1]
-        if "-MF" in args:
-            open(args[args.index("-MF") + 1], "w").write(f"{out}: {src}\\n")
-        open(out, "wb").write(b"o")
-    elif out and out.endswith(".so") and not any(a.endswith(".cpp") for a in args):  # the link, not a probe
-        open(out, "wb").write(b"b" * int(os.environ["FAKE_BINARY_BYTES"]))
-    else:  # probes: -dM -E, --version, -print-file-name, linker checks
-        os.execvp(shutil.which("g++"), ["g++", *args])
-""")
 
 DAY = 86400.0
 KB = 1024

@@ -11,37 +11,16 @@ from __future__ import annotations
 import json
 import os
 import sys
-import textwrap
 import time
 
 import pytest
+from conftest import FAKE_CXX as FAKE  # noqa: E402
 
 from opforge import settings
 from opforge.engine import jit, pch_store
 from opforge.engine.key import make_spec
 from opforge.engine.lock import BuildLock
 from opforge.engine.progress import Reporter
-
-FAKE = textwrap.dedent("""\
-    import os, shutil, sys
-    args = sys.argv[1:]
-    with open(os.environ["FAKE_CXX_LOG"], "a") as f:
-        f.write(" ".join(args) + " | nice=%d\\n" % os.nice(0))
-    out = args[args.index("-o") + 1] if "-o" in args else None
-    if "c++-header" in args:  # a PCH
-        if os.environ.get("FAKE_PCH_FAIL"):
-            sys.exit("fatal error: no PCH for you")
-        open(out, "wb").write(b"g" * int(os.environ.get("FAKE_PCH_BYTES", "1000")))
-    elif out and "-c" in args:  # an object, and its depfile
-        src = args[args.index("-c") + 1]
-        if "-MF" in args:
-            open(args[args.index("-MF") + 1], "w").write(f"{out}: {src}\\n")
-        open(out, "wb").write(b"o")
-    elif out and out.endswith(".so") and not any(a.endswith(".cpp") for a in args):  # the link, not a probe
-        open(out, "wb").write(b"binary")
-    else:  # probes: -dM -E, --version, -print-file-name, linker checks
-        os.execvp(shutil.which("g++"), ["g++", *args])
-""")
 
 SOURCE = "// an extension\n#include <torch/extension.h>\nint f() { return 1; }\n"
 
