@@ -29,7 +29,7 @@ cache verify`` finds only whole entries in B's cache, one if B loaded, none if n
 leaves a partial object under an object's name; no staging dir is left (but see
 ``STAGING_LEAK_KNOWN``).
 
-``OPFORGE_TEST_REMOTE_ROUNDS`` (default 100; ``-m slow``: 1000) and ``OPFORGE_TEST_REMOTE_SEED``
+``OPFORGE_TEST_REMOTE_ROUNDS`` (default 60; ``-m slow``: 1000) and ``OPFORGE_TEST_REMOTE_SEED``
 set the rounds (a failure names its round and seed); ``OPFORGE_FAULT_REPORT`` writes the counts
 for docs/reliability.md.
 """
@@ -64,7 +64,7 @@ from opforge.engine import cache, inventory, remote, remote_push, signing  # noq
 from opforge.engine.progress import Reporter  # noqa: E402
 from opforge.errors import ToolchainError  # noqa: E402
 
-ROUNDS = int(os.environ.get("OPFORGE_TEST_REMOTE_ROUNDS", "100"))
+ROUNDS = int(os.environ.get("OPFORGE_TEST_REMOTE_ROUNDS", "60"))
 """CI's rounds (about 35 s on 2 cores); ``-m slow`` runs 1000."""
 SEED = int(os.environ.get("OPFORGE_TEST_REMOTE_SEED", "3434"))
 TIMEOUT = 1.0
