@@ -43,10 +43,16 @@ from ..triton_compat import triton
 from ..triton_launch import Plan, TunedKernel
 from ..triton_tma import Described
 from . import reference
-from .triton_kernels import _dw_kernel, _dx_kernel, _dx_tma_kernel, _fwd_kernel, _fwd_tma_kernel
+from .triton_kernels import _decode_kernel, _dw_kernel, _dx_kernel, _dx_tma_kernel, _fwd_kernel, _fwd_tma_kernel
 from .triton_sizing import (
+    DECODE_MAX_TOKENS,
     bucket,
     cdiv,
+    decode_block_k,
+    decode_chunk,
+    decode_configs,
+    decode_fits,
+    decode_search,
     decode_split,
     depth,
     device_facts,
@@ -68,6 +74,7 @@ KERNELS = {} if triton is None else {
     "fwd": TunedKernel(FAMILY, _fwd_kernel, fwd_configs()),
     "dx": TunedKernel(FAMILY, _dx_kernel, m_configs()),
     "fwd_tma": TunedKernel(FAMILY, _fwd_tma_kernel, m_configs()),
+    "decode": TunedKernel(FAMILY, _decode_kernel, decode_configs()),
     "dx_tma": TunedKernel(FAMILY, _dx_tma_kernel, m_configs()),
     "dw": TunedKernel(FAMILY, _dw_kernel, dw_configs()),
 }
@@ -82,7 +89,7 @@ KERNELS = {} if triton is None else {
 # launch, so a plan never holds a pointer or a descriptor of an earlier call.
 _REFERENCE = "reference"
 _MAX_PLANS = 4096
-_TMA, _SPLIT, _PLAIN = "tma", "split", "plain"
+_TMA, _SPLIT, _PLAIN, _DECODE = "tma", "split", "plain", "decode"
 
 
 def _keep(plans: dict, key: tuple, plan):
@@ -145,7 +152,7 @@ def forward(x, w, bias, rows, cols, row_ptr, out_features: int):
     prefix = _fwd_prefix(plan.facts, x, w, bias if bias is not None else w, y, cols, row_ptr)
     plan(prefix, x.device.index)
     if not plan.native:
-        outputs = [(y, True)] + ([(prefix[4], False)] if plan.facts[0] is _SPLIT else [])
+        outputs = [(y, True)] + ([(prefix[4], False)] if plan.facts[0] is _SPLIT or plan.facts[0] is _DECODE else [])
         _define(_NATIVE_FWD, native is not None, plan, prefix, (x, w, bias, cols, row_ptr), (out_features, tf32),
                 outputs)
     return y
@@ -156,6 +163,9 @@ def _fwd_prefix(facts, x, w, b, y, cols, row_ptr) -> tuple:
     kind = facts[0]
     if kind is _TMA:
         return Described(x, facts[1]), Described(w, facts[2], w.shape[0] * w.shape[1]), b, y, cols, row_ptr
+    if kind is _DECODE:  # (_DECODE, partial slots, block-rows): a slot holds (tokens, bh)
+        part = torch.empty(facts[1], x.shape[0], w.shape[1], dtype=torch.float32, device=x.device)
+        return x, w, b, y, part, split_counts(x.device.index, facts[2]), cols, row_ptr
     if kind is _SPLIT:
         part = torch.empty(facts[1], x.shape[0], y.shape[1], dtype=torch.float32, device=x.device)
         return x, w, b, y, part, split_counts(x.device.index, facts[2]), cols, row_ptr
@@ -174,6 +184,8 @@ def _forward_plan(x, w, bias, cols, row_ptr, out_features):
     dev, prec, has_bias, size = x.device.index, precision(x.dtype), bias is not None, x.element_size()
     b = bias if has_bias else w
     y = torch.empty(tokens, out_features, dtype=x.dtype, device=x.device)  # for tuning runs
+    if tokens <= DECODE_MAX_TOKENS:
+        return _decode_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms)
     if has_tma and tma_ready(tokens, x, w2):  # more tokens than a decode split takes (TMA_MIN_TOKENS)
         def build(c):
             m, k = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]
@@ -199,6 +211,29 @@ def _forward_plan(x, w, bias, cols, row_ptr, out_features):
                  lambda c: c.kwargs["SPLIT"] <= most and m_fits(c, tokens, bw, bh, size),
                  prefer=lambda c: abs(c.kwargs["SPLIT"] - preferred))
     plan.facts = facts_of(plan.choice.kwargs["SPLIT"])
+    return plan
+
+
+def _decode_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms):
+    """The forward at decode sizes (``_decode_kernel``): its config (token tile, pipeline,
+    programs per SM) tuned per size class, the blocks per program sized from the programs."""
+    nnz, bh, bw = w.shape
+    tokens, in_features = x.shape
+    grid_r = out_features // bh
+    prec, size = precision(x.dtype), x.element_size()
+    block_k, search = decode_block_k(bw), decode_search(grid_r)
+
+    def facts_of(c):
+        chunk, programs = decode_chunk(nnz, c.kwargs["WAVES"], sms)
+        return (_DECODE, 2 * programs, grid_r), chunk, programs
+
+    def build(c):
+        facts, chunk, programs = facts_of(c)
+        return ((programs,), _fwd_prefix(facts, x, w, b, y, cols, row_ptr),
+                (tokens, in_features, out_features, nnz, chunk, bh, bw, has_bias, prec, block_k, search))
+    key = ("decode", x.dtype, prec, bucket(tokens), bh, bw, bucket(nnz), depth(nnz, grid_r), has_bias)
+    plan = _plan("decode", key, x.device.index, build, lambda c: decode_fits(c, tokens, bh, bw, size))
+    plan.facts = facts_of(plan.choice)[0]
     return plan
 
 

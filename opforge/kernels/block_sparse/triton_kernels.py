@@ -4,6 +4,8 @@ sizes their work). See its docstring for what each computes.
 * ``_fwd_kernel`` / ``_dx_kernel`` load through pointers; ``_fwd_tma_kernel`` /
   ``_dx_tma_kernel`` do the same work with the operands brought in by the copy engine (TMA,
   Hopper and newer), used where the operands allow it (``triton_sizing.tma_ready``).
+* ``_decode_kernel``: the forward at decode sizes (up to ``DECODE_MAX_TOKENS`` tokens): equal
+  runs of the kept blocks per program, whatever rows they fall in.
 * ``_dw_kernel``: the weight gradient, on the kept blocks only.
 
 Indices arrive as int64 and are narrowed to int32 where they address a TMA box (the caller
@@ -83,6 +85,81 @@ def _fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, row_p
             acc += tl.load(b_ptr + r * BH + offs_h).to(tl.float32)[None, :]
         out = y_ptr + offs_m.to(tl.int64)[:, None] * N_OUT + out_cols
         tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None])
+
+
+@jit
+def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, row_ptr_ptr, T, K_IN, N_OUT, NNZ, CHUNK,
+                   BH: tl.constexpr, BW: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+                   BLOCK_K: tl.constexpr, SEARCH: tl.constexpr, BLOCK_M: tl.constexpr, WAVES):
+    """The forward at decode sizes (all T tokens in one tile of BLOCK_M rows): program ``p`` takes
+    the kept blocks ``p * CHUNK`` to ``(p + 1) * CHUNK`` of the row-major list, whichever block-rows
+    they belong to, so every program streams the same bytes of ``w`` however the rows' lengths vary
+    (WAVES, tuned, is the programs per SM the host sized CHUNK for; the kernel doesn't read it).
+
+    A program owns the block-rows its blocks belong to, and the empty ones that start inside its
+    range (the last program: also those after the last block). A row wholly inside the range is
+    stored at once (plus the bias). A row cut by the range's ends is one of the program's first or
+    last: its fp32 partial goes to ``part`` slot ``2p`` (the row began before the range) or
+    ``2p + 1`` (it begins inside), and the program counts itself in ``count[row]`` (int32, zero
+    between launches); the last of the row's programs to arrive adds the partials in program order
+    (deterministic), adds the bias, stores the row and sets the count back to zero."""
+    p = tl.program_id(0)
+    lo = p * CHUNK
+    hi = tl.minimum(lo + CHUNK, NNZ)
+    n_rows = N_OUT // BH
+    # the rows owned: from the first whose blocks reach past lo (an empty row starting at lo
+    # included) to the last that starts before hi; found by counting over row_ptr
+    first = 0
+    end = 0
+    for r0 in range(0, n_rows, SEARCH):
+        rr = r0 + tl.arange(0, SEARCH)
+        ok = rr < n_rows
+        starts = tl.load(row_ptr_ptr + rr, mask=ok, other=NNZ + 1)
+        ends = tl.load(row_ptr_ptr + rr + 1, mask=ok, other=NNZ + 1)
+        first += tl.sum(((ends <= lo) & (starts < lo)).to(tl.int32), axis=0)
+        end += tl.sum((starts < hi).to(tl.int32), axis=0)
+    end = tl.where(hi >= NNZ, n_rows, end)
+    KSTEPS: tl.constexpr = BW // BLOCK_K
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_h = tl.arange(0, BH)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < T
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * K_IN
+    for r in range(first, end):
+        r_lo = tl.load(row_ptr_ptr + r)
+        r_hi = tl.load(row_ptr_ptr + r + 1)
+        s = tl.maximum(r_lo, lo)
+        e = tl.minimum(r_hi, hi)
+        acc = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
+        for it in range(0, (e - s) * KSTEPS):
+            kb = s + it // KSTEPS
+            kk = (it % KSTEPS) * BLOCK_K
+            # w first: its address needs no index, so its bytes are on the way while cols[kb] comes in
+            wt = tl.load(w_ptr + kb.to(tl.int64) * (BH * BW) + (kk + offs_k)[:, None] + offs_h[None, :] * BW)
+            c = tl.load(cols_ptr + kb)
+            xt = tl.load(x_rows + (c * BW + kk + offs_k)[None, :], mask=m_ok[:, None], other=0.0)
+            acc = tl.dot(xt, wt, acc, input_precision=PRECISION)
+        out = y_ptr + offs_m.to(tl.int64)[:, None] * N_OUT + (r * BH + offs_h)[None, :]
+        if (r_lo >= lo) & (r_hi <= hi):
+            if HAS_BIAS:
+                acc += tl.load(b_ptr + r * BH + offs_h).to(tl.float32)[None, :]
+            tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None])
+        else:
+            tile = offs_m.to(tl.int64)[:, None] * BH + offs_h[None, :]
+            slot = 2 * p + (r_lo >= lo).to(tl.int32)
+            tl.store(part_ptr + slot.to(tl.int64) * T * BH + tile, acc, mask=m_ok[:, None])
+            tl.debug_barrier()  # every thread's partial is stored before the count says so
+            q0 = r_lo // CHUNK
+            q1 = (r_hi - 1) // CHUNK
+            if tl.atomic_add(count_ptr + r, 1, sem="acq_rel") == q1 - q0:  # the last one: add them up
+                acc = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
+                for q in range(q0, q1 + 1):
+                    at = (2 * q + (q == q0).to(tl.int64)) * T * BH
+                    acc += tl.load(part_ptr + at + tile, mask=m_ok[:, None], other=0.0, cache_modifier=".cg")
+                if HAS_BIAS:
+                    acc += tl.load(b_ptr + r * BH + offs_h).to(tl.float32)[None, :]
+                tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None])
+                tl.atomic_xchg(count_ptr + r, 0)
 
 
 @jit

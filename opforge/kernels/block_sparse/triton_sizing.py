@@ -9,6 +9,7 @@ Without triton installed this module still imports (``triton_compat.py``).
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 
@@ -87,17 +88,54 @@ _OLD_COUNTS: list = []
 
 
 def split_counts(device: int, needed: int) -> torch.Tensor:
-    """The decode split's arrival counts (``_fwd_kernel``): int32 zeros, one buffer per (device,
-    stream), since launches on one stream run in order and each leaves its counts at zero. A
-    buffer outgrown is kept, not freed: a captured CUDA graph may still use it."""
+    """The arrival counts of the kernels that add partial sums (``_decode_kernel``, the split
+    ``_fwd_kernel``, ``_dw_kernel``): int32 zeros, one buffer per (device, stream), since launches
+    on one stream run in order and each leaves its counts at zero. A buffer outgrown is kept, not
+    freed: a captured CUDA graph may still use it.
+
+    Buffers are made outside any CUDA graph pool (``_zeros_outside_pools``). A capture finds the
+    device's buffer made before it (by the warm-up calls a capture needs) and uses it: the graph is
+    replayed in order with the work of the stream that made it (a stream of its own if a capture
+    comes first: then the graph's pool holds it)."""
     stream = triton.runtime.driver.active.get_current_stream(device)
     buf = _COUNTS.get((device, stream))
-    if buf is None or buf.numel() < needed:
-        if buf is not None:
-            _OLD_COUNTS.append(buf)
-        buf = _COUNTS[(device, stream)] = torch.zeros(max(4096, 2 * needed), dtype=torch.int32,
-                                                      device=torch.device("cuda", device))
+    if buf is not None and buf.numel() >= needed:
+        return buf
+    if torch.cuda.is_current_stream_capturing():
+        found = [b for (d, _), b in _COUNTS.items() if d == device and b.numel() >= needed]
+        if found:
+            _COUNTS[(device, stream)] = found[0]
+            return found[0]
+    if buf is not None:
+        _OLD_COUNTS.append(buf)
+    buf = _COUNTS[(device, stream)] = _zeros_outside_pools(max(4096, 2 * needed), torch.device("cuda", device))
     return buf
+
+
+def _zeros_outside_pools(n: int, device: torch.device) -> torch.Tensor:
+    """int32 zeros that outlive the call, made by another thread: torch.compile's CUDA graph trees
+    send this thread's allocations to their pool while they warm up and record, and the pool must
+    hold no tensor they don't track ("Detected 1 tensor(s) in the cudagraph pool not tracked as
+    outputs"). That thread waits for its zeros, so they are there before any later launch. Under a
+    capture they are made here, on the capturing stream (the graph's pool holds them)."""
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    made: list = []
+
+    def make() -> None:
+        try:
+            with torch.cuda.device(device):
+                made.append(torch.zeros(n, dtype=torch.int32, device=device))
+                torch.cuda.current_stream(device).synchronize()
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread below
+            made.append(exc)
+
+    worker = threading.Thread(target=make, name="opforge-counts")
+    worker.start()
+    worker.join()
+    if isinstance(made[0], BaseException):
+        raise made[0]
+    return made[0]
 
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -183,6 +221,53 @@ def decode_split(tokens: int, out_features: int, grid_r: int, nnz: int, bw: int,
     return preferred, most
 
 
+DECODE_MAX_TOKENS = 64
+"""Up to this many tokens the forward runs ``_decode_kernel``: all tokens in one tile, so each
+kept block is read once, and equal runs of blocks per program."""
+
+DECODE_WAVES = (3, 2, 4, 6, 1, 8)
+"""The decode forward's candidate programs per SM (``WAVES``), the untimed choice first."""
+
+DECODE_PIPES = ((4, 4), (4, 6), (8, 6), (4, 8))
+"""The decode forward's (warps, stages) candidates, the untimed choice first."""
+
+
+def decode_configs():
+    """The decode forward's candidates: a token tile of 16, 32 or 64 rows (the one that holds the
+    call's tokens runs: ``decode_fits``) by each pipeline of ``DECODE_PIPES`` and each count of
+    programs per SM of ``DECODE_WAVES``."""
+    return [triton.Config({"BLOCK_M": m, "WAVES": waves}, num_warps=w, num_stages=st)
+            for m in (16, 32, 64) for w, st in DECODE_PIPES for waves in DECODE_WAVES]
+
+
+def decode_block_k(bw: int) -> int:
+    return min(bw, 64)
+
+
+def decode_fits(c, tokens: int, bh: int, bw: int, size: int) -> bool:
+    """The tile that holds all the tokens (rounded up to a power of two, 16 or more), and buffers
+    that fit in shared memory."""
+    k = decode_block_k(bw)
+    return (c.kwargs["BLOCK_M"] == max(16, pow2(tokens))
+            and (c.kwargs["BLOCK_M"] + bh) * k * size * _buffers(c.num_stages) <= 200 * 1024)
+
+
+def decode_chunk(nnz: int, waves: int, sms: int) -> tuple[int, int]:
+    """(blocks per program, programs) of the decode forward for ``waves`` programs per SM: equal
+    runs of the kept blocks, at least one program (an empty layout stores the bias).
+
+    >>> decode_chunk(1434, 3, 132), decode_chunk(7168, 1, 132), decode_chunk(0, 3, 132), decode_chunk(5, 8, 132)
+    ((4, 359), (55, 131), (1, 1), (1, 5))
+    """
+    chunk = max(1, cdiv(nnz, waves * sms))
+    return chunk, max(1, cdiv(nnz, chunk))
+
+
+def decode_search(rows: int) -> int:
+    """How many of ``row_ptr``'s entries a decode program reads at once to find its rows."""
+    return min(1024, max(16, pow2(rows)))
+
+
 def device_facts(device: torch.device) -> tuple[int, int, bool]:
     """(SMs, L2 bytes, TMA) of a CUDA device, read once."""
     found = _DEVICES.get(device.index)
@@ -195,6 +280,6 @@ def device_facts(device: torch.device) -> tuple[int, int, bool]:
 _DEVICES: dict = {}
 
 
-__all__ = ["KERNEL_DTYPES", "M_TILES", "SPLITS", "SPLIT_MAX_TOKENS", "TMA_MIN_TOKENS", "bucket", "cdiv",
-           "decode_split", "depth", "device_facts", "dw_configs", "dw_fits", "fwd_configs", "has_tma", "m_configs",
+__all__ = ["DECODE_MAX_TOKENS", "DECODE_PIPES", "DECODE_WAVES", "KERNEL_DTYPES", "M_TILES", "SPLITS", "SPLIT_MAX_TOKENS", "TMA_MIN_TOKENS", "bucket", "cdiv",
+           "decode_block_k", "decode_chunk", "decode_configs", "decode_fits", "decode_search", "decode_split", "depth", "device_facts", "dw_configs", "dw_fits", "fwd_configs", "has_tma", "m_configs",
            "m_fits", "pow2", "precision", "split_counts", "supported", "tma_ready"]

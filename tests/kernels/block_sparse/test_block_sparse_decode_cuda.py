@@ -1,0 +1,137 @@
+"""The decode forward (issue 35): up to ``DECODE_MAX_TOKENS`` tokens, equal runs of the kept blocks
+per program whatever rows they fall in. Checked against the masked dense fp64 result for every
+block size, bf16 and fp16, layouts with empty rows, a full row and rows of every length, every
+way the runs can cut the rows (the kernel called with each run length), and under CUDA graph
+replay."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import opforge.ops  # noqa: F401
+from opforge.kernels.block_sparse import triton_impl, triton_sizing
+from opforge.kernels.block_sparse.layout import BlockSparseLayout
+from opforge.ops import block_sparse_linear
+
+pytestmark = pytest.mark.cuda
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+TOL = {torch.bfloat16: 2e-2, torch.float16: 3e-3}
+
+
+def ragged(grid_c: int) -> torch.Tensor:
+    """Rows of 0, 1, ..., grid_c blocks (an empty row first, a full row last), shuffled columns."""
+    g = torch.Generator().manual_seed(grid_c)
+    mask = torch.zeros(grid_c + 1, grid_c, dtype=torch.bool)
+    for r in range(grid_c + 1):
+        mask[r, torch.randperm(grid_c, generator=g)[:r]] = True
+    return mask[torch.randperm(grid_c + 1, generator=g)]
+
+
+def layouts(block: int):
+    g = torch.Generator().manual_seed(block)
+    yield "ragged", ragged(6)
+    yield "random", torch.rand(5, 7, generator=g) < 0.4
+    sparse_rows = torch.zeros(6, 4, dtype=torch.bool)
+    sparse_rows[2, 1] = sparse_rows[5] = True  # empty rows around a one-block row and a full last row
+    yield "mostly-empty", sparse_rows
+    yield "empty", torch.zeros(3, 2, dtype=torch.bool)
+
+
+def case(mask, block, tokens, dtype, bias=True, seed=0):
+    bh, bw = block
+    lay = BlockSparseLayout(mask, (bh, bw))
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(lay.nnz, bh, bw, generator=g).to("cuda", dtype)
+    x = torch.randn(tokens, lay.shape[1], generator=g).to("cuda", dtype)
+    b = torch.randn(lay.shape[0], generator=g).to("cuda", dtype) if bias else None
+    ref = x.double() @ lay.scatter(w.double()).t() + (b.double() if bias else 0)
+    return lay, w, x, b, ref
+
+
+def close(got, ref, dtype):
+    tol = TOL[dtype]
+    torch.testing.assert_close(got.double(), ref, rtol=tol, atol=tol * max(1.0, ref.abs().max().item()))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("block", [(16, 16), (32, 32), (64, 64), (128, 128), (32, 64), (64, 16)],
+                         ids=lambda b: f"{b[0]}x{b[1]}")
+@pytest.mark.parametrize("tokens", [1, 2, 17, 64])
+def test_the_op_equals_masked_dense(tokens, block, dtype):
+    for name, mask in layouts(block[0]):
+        for bias in (True, False):
+            lay, w, x, b, ref = case(mask, block, tokens, dtype, bias)
+            got = block_sparse_linear(x, w, b, lay)
+            assert got.shape == ref.shape and got.dtype == dtype, name
+            close(got, ref, dtype)
+            close(block_sparse_linear(x, w, b, lay), ref, dtype)  # the counts were left at zero
+
+
+def run_kernel(lay, w, x, b, chunk: int, block_m: int):
+    """``_decode_kernel`` with an explicit run length (the host sizes it from the programs per SM)."""
+    idx = lay.indices("cuda")
+    nnz, bh, bw = w.shape
+    tokens, k_in = x.shape
+    n_out = lay.shape[0]
+    programs = max(1, -(-nnz // chunk))
+    y = torch.full((tokens, n_out), float("nan"), device="cuda", dtype=x.dtype)
+    part = torch.full((2 * programs, tokens, bh), float("nan"), device="cuda")
+    counts = torch.zeros(n_out // bh, dtype=torch.int32, device="cuda")
+    triton_impl._decode_kernel[(programs,)](
+        x, w, b if b is not None else w, y, part, counts, idx.cols, idx.row_ptr, tokens, k_in, n_out, nnz, chunk,
+        BH=bh, BW=bw, HAS_BIAS=b is not None, PRECISION="tf32", BLOCK_K=triton_sizing.decode_block_k(bw),
+        SEARCH=triton_sizing.decode_search(n_out // bh), BLOCK_M=block_m, WAVES=1)
+    assert counts.eq(0).all()
+    return y
+
+
+@pytest.mark.parametrize("block", [(16, 16), (64, 64), (128, 64)], ids=lambda b: f"{b[0]}x{b[1]}")
+@pytest.mark.parametrize("tokens", [1, 17, 64])
+def test_every_way_the_runs_cut_the_rows(tokens, block):
+    """Runs of 1, 2, 3, 5 and 7 blocks, one run of all, one longer than all: rows wholly inside a
+    run, rows cut at one or both ends, rows over many runs, empty rows at a run's start and after
+    the last block."""
+    block_m = max(16, triton_sizing.pow2(tokens))
+    for _, mask in layouts(block[0]):
+        lay, w, x, b, ref = case(mask, block, tokens, torch.float16)
+        for chunk in sorted({1, 2, 3, 5, 7, max(1, lay.nnz), lay.nnz + 4}):
+            close(run_kernel(lay, w, x, b, chunk, block_m), ref, torch.float16)
+
+
+def test_a_real_model_size_with_uneven_rows():
+    """4096 -> 14336 in 64-blocks with rows from empty to full (``by_magnitude`` of a weight whose
+    rows' scales differ), at T = 1 and 64, through the tuned path."""
+    g = torch.Generator().manual_seed(3)
+    scale = torch.linspace(0, 3, 14336).pow(4)[:, None]
+    weight = torch.randn(14336, 4096, generator=g) * scale
+    lay = BlockSparseLayout.by_magnitude(weight, 0.25, (64, 64))
+    counts = lay.mask.sum(1)
+    assert counts.min() == 0 and counts.max() == lay.grid[1]
+    w = lay.gather(weight.to(torch.bfloat16)).cuda()
+    for tokens in (1, 64):
+        x = torch.randn(tokens, 4096, generator=g).to("cuda", torch.bfloat16)
+        ref = x.double() @ lay.scatter(w.double()).t()
+        close(block_sparse_linear(x, w, None, lay), ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("tokens", [1, 64])
+def test_graph_replay_equals_eager(tokens):
+    lay, w, x, b, _ = case(ragged(8), (64, 64), tokens, torch.bfloat16)
+    static_x = x.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            block_sparse_linear(static_x, w, b, lay)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = block_sparse_linear(static_x, w, b, lay)
+    for seed in (1, 2, 3):
+        new = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed)).to("cuda", x.dtype)
+        static_x.copy_(new)
+        graph.replay()
+        torch.testing.assert_close(static_y, block_sparse_linear(new, w, b, lay), rtol=0, atol=0)  # one plan
