@@ -235,7 +235,7 @@ def test_plot_with_nothing_to_draw_says_so(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["nosuch"], "unknown kernel kind: nosuch; the kinds are: bias_act, block_sparse, cpu_adam"),
+    (["nosuch"], "unknown kernel kind: nosuch; the kinds are: bias_act, block_sparse, block_sparse_decode, cpu_adam"),
     (["--plot", "out.svg"], "give a file name ending in .png"),
     (["--json", "/nonexistent-dir/x.json"], "/nonexistent-dir does not exist"),
     (["--repeats", "0"], "give at least 1"),
@@ -266,7 +266,8 @@ def check_real_run(doc: dict, devices: set[str]) -> None:
     assert doc["options"]["quick"] and not doc["options"]["compile"]
     ran = {(f["kind"], f["device"]) for f in doc["families"] if f["status"] == "ok"}
     expected = {("cpu_adam", "cpu"), ("bias_act", "cpu"), ("block_sparse", "cpu")} | \
-        ({("bias_act", "cuda"), ("block_sparse", "cuda")} if "cuda" in devices else set())
+        ({("bias_act", "cuda"), ("block_sparse", "cuda"), ("block_sparse_decode", "cuda")} if "cuda" in devices
+         else set())
     assert ran == expected, [(f["kind"], f["device"], f["reason"]) for f in doc["families"]]
     for fam in doc["families"]:
         for case in fam["cases"]:

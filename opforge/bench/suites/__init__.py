@@ -5,8 +5,9 @@ from __future__ import annotations
 from .base import Suite
 from .bias_act import BiasActSuite
 from .block_sparse import BlockSparseSuite
+from .block_sparse_decode import BlockSparseDecodeSuite
 from .cpu_adam import CPUAdamSuite
 
-SUITES: dict[str, type[Suite]] = {s.kind: s for s in (CPUAdamSuite, BiasActSuite, BlockSparseSuite)}
+SUITES: dict[str, type[Suite]] = {s.kind: s for s in (CPUAdamSuite, BiasActSuite, BlockSparseSuite, BlockSparseDecodeSuite)}
 
 __all__ = ["SUITES", "Suite"]

@@ -1,0 +1,75 @@
+"""Probe: the floor under a decode-sized block-sparse forward. For each layer shape and density,
+the time of reading the same weight bytes without any sparsity, graph-replayed over 16 layers
+(their own weights, so each call reads HBM), beside dense over the whole weight:
+
+* **cuBLAS, same bytes**: ``F.linear`` at T tokens on a dense weight of the same bytes (``in ->
+  out * density`` rows): what the best dense kernel takes to stream that many bytes;
+* **torch sum, same bytes**: ``w.sum()`` over a tensor of the same bytes (one read, no math);
+* **launch**: 16 graph-replayed kernels that read nothing (``torch.Tensor.zero_`` of 1 element):
+  the per-kernel floor of a graph replay on this GPU;
+* **opforge**: ``BlockSparseLinear`` at that density.
+
+The best a sparse kernel could do against dense is dense's time over the cuBLAS same-bytes time.
+
+Usage::
+
+    python bench/cuda_probe/decode_floor.py [--shapes 4096x14336,14336x4096] [--tokens 1,64]
+        [--densities 0.5,0.25,0.1] [--layers 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from block_sparse_decode import graph_us
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="4096x14336,14336x4096")
+    ap.add_argument("--tokens", default="1,64")
+    ap.add_argument("--densities", default="0.5,0.25,0.1")
+    ap.add_argument("--layers", type=int, default=16)
+    args = ap.parse_args()
+    from opforge.kernels.block_sparse.layout import BlockSparseLayout
+    from opforge.nn import BlockSparseLinear
+
+    dev, dt, n = torch.device("cuda"), torch.bfloat16, args.layers
+    print(f"{torch.cuda.get_device_name()}, bf16, {n} layers rotated, graph-replayed, µs per layer")
+    tiny = [torch.zeros(1, device=dev) for _ in range(n)]
+    print(f"launch floor (1-element zero_): {graph_us(lambda: [t.zero_() for t in tiny], dev, n):.2f}")
+    for shape in args.shapes.split(","):
+        k_in, n_out = map(int, shape.split("x"))
+        for t in map(int, args.tokens.split(",")):
+            x = torch.randn(t, k_in, device=dev, dtype=dt)
+            ws = [torch.randn(n_out, k_in, device=dev, dtype=dt) for _ in range(n)]
+            dense = graph_us(lambda: [F.linear(x, w) for w in ws], dev, n)  # noqa: B023
+            ws = None
+            print(f"{k_in}->{n_out} T={t}: dense {dense:.1f}", flush=True)
+            for d in map(float, args.densities.split(",")):
+                rows = max(64, round(n_out * d / 64) * 64)
+                ws = [torch.randn(rows, k_in, device=dev, dtype=dt) for _ in range(n)]
+                same = graph_us(lambda: [F.linear(x, w) for w in ws], dev, n)  # noqa: B023
+                total = [w.view(-1) for w in ws]
+                summed = graph_us(lambda: [w.sum() for w in total], dev, n)  # noqa: B023
+                ws = total = None
+                g = torch.Generator().manual_seed(0)
+                mods = [BlockSparseLinear(k_in, n_out, bias=False, device=dev, dtype=dt, layout=BlockSparseLayout.random(
+                    n_out, k_in, d, (64, 64), generator=g)).requires_grad_(False) for _ in range(n)]
+                with torch.no_grad():
+                    ours = graph_us(lambda: [m(x) for m in mods], dev, n)  # noqa: B023
+                mods = None
+                print(f"  d={d}: cuBLAS same bytes ({k_in}->{rows}) {same:.1f} (best possible {dense / same:.2f}x "
+                      f"dense); torch sum same bytes {summed:.1f}; opforge {ours:.1f} ({dense / ours:.2f}x dense, "
+                      f"{100 * same / ours:.0f}% of the floor)", flush=True)
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
