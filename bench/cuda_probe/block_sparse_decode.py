@@ -55,7 +55,7 @@ def main() -> None:
 def probe(m_args, configs, splits, sms, l2, real_split, dev, dtype) -> None:
     import triton
 
-    from opforge.kernels.block_sparse import triton_impl
+    from opforge.kernels.block_sparse import triton_impl, triton_kernels
     from opforge.kernels.triton_launch import TunedKernel
     from opforge.nn import BlockSparseLinear
 
@@ -70,13 +70,14 @@ def probe(m_args, configs, splits, sms, l2, real_split, dev, dtype) -> None:
         chosen = real_split(tokens, n_out, grid_r, m.layout.nnz, block, sms, l2)[0]
         results = {}
         kept = triton_impl.KERNELS["fwd"]
+        triton_impl.DECODE_ROUTE.names = ("pointer", "decode")  # this probe sizes the pointer kernel's split
         for split in sorted({*map(int, splits.split(",")), chosen}):
             for bk, warps, stages in configs:
                 if bk > block:
                     continue
                 cfg = triton.Config({"BLOCK_M": 16, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT": split}, num_warps=warps,
                                     num_stages=stages)
-                triton_impl.KERNELS["fwd"] = TunedKernel(triton_impl.FAMILY, triton_impl._fwd_kernel, [cfg])
+                triton_impl.KERNELS["fwd"] = TunedKernel(triton_impl.FAMILY, triton_kernels._fwd_kernel, [cfg])
                 triton_impl.forget_plans()
                 try:
                     torch.testing.assert_close(m(x).float(), F.linear(x, w, m.bias).float(), rtol=3e-2, atol=3e-2)

@@ -243,3 +243,48 @@ def test_the_setting_turns_the_direct_launch_off(tmp_path):
     env = dict(os.environ, OPFORGE_TRITON_DIRECT="0")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+class TimedRoute(triton_launch.Route):
+    """A route whose candidates take the times of a table (ms per name)."""
+
+    times = {"a": 2.0, "b": 1.0}
+
+    def _time(self, fn):
+        fn()
+        return self.times[fn.__name__]
+
+
+def route_runs(launched: list) -> dict:
+    def a():
+        launched.append("a")
+
+    def b():
+        launched.append("b")
+
+    return {"a": a, "b": b}
+
+
+def test_a_route_times_its_kernels_once_keeps_the_faster_and_a_new_process_reads_it(cache):
+    kernels = (Tuner("fam", FakeKernel(), CONFIGS), Tuner("fam", FakeKernel(), CONFIGS))
+    route, launched = TimedRoute("fam", "r", ("a", "b"), kernels), []
+    assert route.choose(("k", 1), 0, route_runs(launched)) == "b"
+    assert launched == ["a", "a", "b", "b"] and route.tuning_runs == 1  # each compiled, then timed
+    assert route.choose(("k", 1), 0, route_runs(launched)) == "b" and len(launched) == 4  # remembered
+    again = TimedRoute("fam", "r", ("a", "b"), kernels)  # a new process: read from the cache
+    assert again.choose(("k", 1), 0, route_runs(launched)) == "b"
+    assert again.tuning_runs == 0 and again.store_hits == 1 and len(launched) == 4
+    other = TimedRoute("fam", "r", ("a", "b"), (Tuner("fam", FakeKernel(), CONFIGS[:2]),) + kernels[1:])
+    assert other.choose(("k", 1), 0, route_runs(launched)) == "b" and other.tuning_runs == 1  # other configs
+
+
+def test_a_route_runs_its_first_kernel_untimed_with_tuning_off_or_under_a_capture(cache, monkeypatch):
+    kernels = (Tuner("fam", FakeKernel(), CONFIGS),)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    route, launched = TimedRoute("fam", "r", ("a", "b"), kernels), []
+    assert route.choose(("k",), 0, route_runs(launched)) == "a" and launched == [] and route.tuning_runs == 0
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert route.choose(("k",), 0, route_runs(launched)) == "b"  # not kept from the capture: timed now
+    monkeypatch.setenv("OPFORGE_TRITON_TUNING", "off")
+    fresh = TimedRoute("fam", "r2", ("a", "b"), kernels)
+    assert fresh.choose(("k",), 0, route_runs(launched)) == "a" and fresh.tuning_runs == 0

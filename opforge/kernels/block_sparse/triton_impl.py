@@ -27,7 +27,8 @@ On Hopper and newer, the forward and the input gradient bring their operands in 
 engine (TMA, triton's host descriptors) when the operands are contiguous and start on 16 bytes
 (``tma_ready``) and there are more than ``TMA_MIN_TOKENS`` tokens, else through pointer loads
 (same results). The kernels live in ``triton_kernels.py``, their sizing (configs, what fits,
-the decode split) in ``triton_sizing.py``; this module plans each call shape and launches it.
+the decode split) in ``triton_sizing.py``, the kernels' configs and the steps of a plan in
+``triton_plans.py``; this module plans each call shape and launches it.
 
 Without triton installed this module still imports (``triton_compat.py``).
 """
@@ -39,27 +40,21 @@ import torch
 from ...process import forgets
 from .. import triton_launch
 from ..native_launch import NativeTable
-from ..triton_compat import triton
-from ..triton_launch import Plan, TunedKernel
 from ..triton_tma import Described
 from . import reference
-from .triton_kernels import _decode_kernel, _dw_kernel, _dx_kernel, _dx_tma_kernel, _fwd_kernel, _fwd_tma_kernel
+from .triton_plans import _REFERENCE, DECODE_ROUTE, FAMILY, KERNELS, _define, _keep, _plan
 from .triton_sizing import (
     DECODE_MAX_TOKENS,
     bucket,
     cdiv,
     decode_block_k,
     decode_chunk,
-    decode_configs,
     decode_fits,
     decode_search,
     decode_split,
     depth,
     device_facts,
-    dw_configs,
     dw_fits,
-    fwd_configs,
-    m_configs,
     m_fits,
     precision,
     split_counts,
@@ -67,70 +62,7 @@ from .triton_sizing import (
     tma_ready,
 )
 
-FAMILY = "block_sparse_triton"
-"""The tuned configs' family in opforge's cache (``kernels/tuning.py``): the extension's name."""
-
-KERNELS = {} if triton is None else {
-    "fwd": TunedKernel(FAMILY, _fwd_kernel, fwd_configs()),
-    "dx": TunedKernel(FAMILY, _dx_kernel, m_configs()),
-    "fwd_tma": TunedKernel(FAMILY, _fwd_tma_kernel, m_configs()),
-    "decode": TunedKernel(FAMILY, _decode_kernel, decode_configs()),
-    "dx_tma": TunedKernel(FAMILY, _dx_tma_kernel, m_configs()),
-    "dw": TunedKernel(FAMILY, _dw_kernel, dw_configs()),
-}
-"""Each kernel with its candidate configs and the ones chosen (``kernels/triton_launch.py``)."""
-
-
-# -- plans: each call shape is sized, tuned and compiled once (kernels/triton_launch.py) --
-
-# _FWD, _DX, _DW: (shapes, dtypes, device, the inputs' 16-byte alignment and contiguity, TF32) ->
-# a ``Plan``, or ``_REFERENCE`` (the torch path takes the call). The key holds everything a plan's
-# sizing, config and compiled kernel depend on; a call's own tensors (and outputs) go in at
-# launch, so a plan never holds a pointer or a descriptor of an earlier call.
-_REFERENCE = "reference"
-_MAX_PLANS = 4096
 _TMA, _SPLIT, _PLAIN, _DECODE = "tma", "split", "plain", "decode"
-
-
-def _keep(plans: dict, key: tuple, plan):
-    """Remember a plan, unless it was made during a CUDA graph capture (its config was then
-    chosen untimed: the shape is planned, and tuned, again at its next call outside one)."""
-    if plan is _REFERENCE or not torch.cuda.is_current_stream_capturing():
-        if len(plans) > _MAX_PLANS:
-            plans.clear()
-        plans[key] = plan
-    return plan
-
-
-def _plan(which: str, key: tuple, device: int, build, keep, facts=None, prefer=None) -> Plan:
-    """Choose ``which``'s config for the tuning ``key`` (remembered, cached, or tuned, launching
-    ``build(choice) -> (grid, prefix, consts)``) and make the plan."""
-    kernel = KERNELS[which]
-    choice = kernel.choose(key, device, lambda c: _joined(build(c)), keep, prefer)
-    grid, _, consts = build(choice)
-    return Plan(kernel, choice, grid, consts, facts if facts is not None else which)
-
-
-def _joined(built):
-    grid, prefix, consts = built
-    return grid, prefix + consts
-
-
-def _define(table: NativeTable, missed: bool, plan, prefix: tuple, inputs: tuple, scalars: tuple,
-            outputs: list) -> None:
-    """Define ``plan``'s launch, just made with ``prefix``, in the native table when the table missed
-    this call (``missed``) or has no recipe yet: the next call with these inputs' key launches from
-    C++. Not for a launch the recipe can't make (``plan.native`` holds why), under a CUDA graph
-    capture (the plan isn't kept: its config was chosen untimed), or with the tensors' device not
-    the current one."""
-    if not (missed or (table.call is None and not table.defined)) or not table.wanted or plan.native:
-        return
-    if plan.compiled is None or torch.cuda.is_current_stream_capturing():
-        return
-    if inputs[0].device.index != torch.cuda.current_device() or not triton_launch.direct():
-        return
-    if not table.define(plan.compiled, plan.grid, prefix + plan.tail, inputs, scalars, outputs):
-        plan.native = table.reason or "refused"
 
 
 def forward(x, w, bias, rows, cols, row_ptr, out_features: int):
@@ -185,7 +117,7 @@ def _forward_plan(x, w, bias, cols, row_ptr, out_features):
     b = bias if has_bias else w
     y = torch.empty(tokens, out_features, dtype=x.dtype, device=x.device)  # for tuning runs
     if tokens <= DECODE_MAX_TOKENS:
-        return _decode_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms)
+        return _decode_route(x, w, b, y, cols, row_ptr, out_features, has_bias, sms, key)
     if has_tma and tma_ready(tokens, x, w2):  # more tokens than a decode split takes (TMA_MIN_TOKENS)
         def build(c):
             m, k = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]
@@ -197,6 +129,16 @@ def _forward_plan(x, w, bias, cols, row_ptr, out_features):
         plan.facts = (_TMA, (plan.choice.kwargs["BLOCK_M"], plan.choice.kwargs["BLOCK_K"]),
                       (bh, plan.choice.kwargs["BLOCK_K"]))
         return plan
+    return _pointer_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, key)
+
+
+def _pointer_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, key):
+    """``_fwd_kernel``: a block-row per program (split over several at T <= SPLIT_MAX_TOKENS)."""
+    nnz, bh, bw = w.shape
+    tokens, in_features = x.shape
+    sms, l2, _ = device_facts(x.device)
+    grid_r = out_features // bh
+    dev, prec, size = x.device.index, precision(x.dtype), x.element_size()
     preferred, most = decode_split(tokens, out_features, grid_r, nnz, bw, sms, l2)
 
     def facts_of(split):
@@ -212,6 +154,19 @@ def _forward_plan(x, w, bias, cols, row_ptr, out_features):
                  prefer=lambda c: abs(c.kwargs["SPLIT"] - preferred))
     plan.facts = facts_of(plan.choice.kwargs["SPLIT"])
     return plan
+
+
+def _decode_route(x, w, b, y, cols, row_ptr, out_features, has_bias, sms, key):
+    """The decode plan or the pointer plan, whichever ``DECODE_ROUTE`` found faster for this size
+    class (each tuned first; both launched once on these arguments when the route is timed)."""
+    plans = {"decode": _decode_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms),
+             "pointer": _pointer_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, key)}
+    dev = x.device.index
+    prefixes = {n: _fwd_prefix(p.facts, x, w, b, y, cols, row_ptr) for n, p in plans.items()}
+    runs = {n: (lambda p=p, n=n: p(prefixes[n], dev)) for n, p in plans.items()}
+    nnz, bh, bw = w.shape
+    route_key = ("route", x.dtype, *key, bh, bw, out_features, bucket(nnz), has_bias)
+    return plans[DECODE_ROUTE.choose(route_key, dev, runs)]
 
 
 def _decode_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms):
@@ -398,6 +353,8 @@ def forget_plans() -> None:
     """Plan every call shape again (tests that change how calls are planned)."""
     for plans in (_FWD, _DX, _DW):
         plans.clear()
+    if DECODE_ROUTE is not None:
+        DECODE_ROUTE.forget()
     for table in (_NATIVE_FWD, _NATIVE_DX, _NATIVE_DW):
         table.forget()
 
@@ -405,5 +362,5 @@ def forget_plans() -> None:
 forgets(forget_plans)  # opforge.reset()
 
 
-__all__ = ["NATIVE_FORWARD", "NATIVE_INPUT_GRAD", "NATIVE_WEIGHT_GRAD", "forward", "grad_input", "grad_weight",
+__all__ = ["DECODE_ROUTE", "FAMILY", "KERNELS", "NATIVE_FORWARD", "NATIVE_INPUT_GRAD", "NATIVE_WEIGHT_GRAD", "forward", "grad_input", "grad_weight",
            "grad_weight_bias"]

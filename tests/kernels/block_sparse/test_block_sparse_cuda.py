@@ -90,11 +90,13 @@ def test_many_tokens_split_the_weight_gradient(kind, bias):
 
 
 @pytest.mark.parametrize("tokens", [1, 16, 32])
-def test_every_decode_split_matches_masked_dense(tokens):
-    """The decode forward's split is tuned (``triton_sizing.SPLITS``): each split gives the
+def test_every_decode_split_matches_masked_dense(tokens, monkeypatch):
+    """The pointer forward's split is tuned (``triton_sizing.SPLITS``): each split gives the
     reference's result, including splits past a row's block count (programs with no blocks)
-    and rows with none."""
-    from opforge.kernels.block_sparse import triton_impl
+    and rows with none. (The decode route takes the pointer kernel first here.)"""
+    from opforge.kernels.block_sparse import triton_impl, triton_kernels
+
+    monkeypatch.setattr(triton_impl.DECODE_ROUTE, "names", ("pointer", "decode"))
     from opforge.kernels.block_sparse.triton_sizing import SPLITS, fwd_configs
     from opforge.kernels.triton_launch import TunedKernel
 
@@ -103,7 +105,7 @@ def test_every_decode_split_matches_masked_dense(tokens):
     try:
         for split in SPLITS:
             cfg = next(c for c in fwd_configs() if c.kwargs["BLOCK_M"] == 16 and c.kwargs["SPLIT"] == split)
-            triton_impl.KERNELS["fwd"] = TunedKernel(triton_impl.FAMILY, triton_impl._fwd_kernel, [cfg])
+            triton_impl.KERNELS["fwd"] = TunedKernel(triton_impl.FAMILY, triton_kernels._fwd_kernel, [cfg])
             triton_impl.forget_plans()
             check(torch.randn(tokens, 384), layout, torch.float16, seed=split)
     finally:

@@ -1,0 +1,92 @@
+"""The block-sparse Triton kernels' plans (``triton_impl.py`` launches them): each kernel with its
+candidate configs (``KERNELS``), the decode route between two forwards (``DECODE_ROUTE``), and
+the steps every plan takes: choose a config (tuned once, kept in the cache), remember the plan
+outside CUDA graph captures, and define its launch in a native table for the C++ path.
+
+Without triton installed this module still imports (``triton_compat.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import triton_launch
+from ..native_launch import NativeTable
+from ..triton_compat import triton
+from ..triton_launch import Plan, Route, TunedKernel
+from .triton_kernels import _decode_kernel, _dw_kernel, _dx_kernel, _dx_tma_kernel, _fwd_kernel, _fwd_tma_kernel
+from .triton_sizing import decode_configs, dw_configs, fwd_configs, m_configs
+
+FAMILY = "block_sparse_triton"
+"""The tuned configs' family in opforge's cache (``kernels/tuning.py``): the extension's name."""
+
+KERNELS = {} if triton is None else {
+    "fwd": TunedKernel(FAMILY, _fwd_kernel, fwd_configs()),
+    "dx": TunedKernel(FAMILY, _dx_kernel, m_configs()),
+    "fwd_tma": TunedKernel(FAMILY, _fwd_tma_kernel, m_configs()),
+    "decode": TunedKernel(FAMILY, _decode_kernel, decode_configs()),
+    "dx_tma": TunedKernel(FAMILY, _dx_tma_kernel, m_configs()),
+    "dw": TunedKernel(FAMILY, _dw_kernel, dw_configs()),
+}
+"""Each kernel with its candidate configs and the ones chosen (``kernels/triton_launch.py``)."""
+
+DECODE_ROUTE = None if triton is None else Route(FAMILY, "decode_route", ("decode", "pointer"),
+                                                  (KERNELS["decode"], KERNELS["fwd"]))
+"""Up to ``DECODE_MAX_TOKENS`` tokens, which forward runs a size class: ``_decode_kernel`` (equal runs
+of blocks per program) or the pointer kernel (a block-row per program, split at T <= 32), timed
+once per key and kept (on an H200 the decode kernel took 1.4x the pointer kernel's time at d=0.1,
+T=64 on 4096->14336, and half of it on 14336->4096 at T=64: ``docs/benchmarks.md``, issue 35)."""
+
+
+# -- plans: each call shape is sized, tuned and compiled once (kernels/triton_launch.py) --
+
+# _FWD, _DX, _DW: (shapes, dtypes, device, the inputs' 16-byte alignment and contiguity, TF32) ->
+# a ``Plan``, or ``_REFERENCE`` (the torch path takes the call). The key holds everything a plan's
+# sizing, config and compiled kernel depend on; a call's own tensors (and outputs) go in at
+# launch, so a plan never holds a pointer or a descriptor of an earlier call.
+_REFERENCE = "reference"
+_MAX_PLANS = 4096
+
+
+def _keep(plans: dict, key: tuple, plan):
+    """Remember a plan, unless it was made during a CUDA graph capture (its config was then
+    chosen untimed: the shape is planned, and tuned, again at its next call outside one)."""
+    if plan is _REFERENCE or not torch.cuda.is_current_stream_capturing():
+        if len(plans) > _MAX_PLANS:
+            plans.clear()
+        plans[key] = plan
+    return plan
+
+
+def _plan(which: str, key: tuple, device: int, build, keep, facts=None, prefer=None) -> Plan:
+    """Choose ``which``'s config for the tuning ``key`` (remembered, cached, or tuned, launching
+    ``build(choice) -> (grid, prefix, consts)``) and make the plan."""
+    kernel = KERNELS[which]
+    choice = kernel.choose(key, device, lambda c: _joined(build(c)), keep, prefer)
+    grid, _, consts = build(choice)
+    return Plan(kernel, choice, grid, consts, facts if facts is not None else which)
+
+
+def _joined(built):
+    grid, prefix, consts = built
+    return grid, prefix + consts
+
+
+def _define(table: NativeTable, missed: bool, plan, prefix: tuple, inputs: tuple, scalars: tuple,
+            outputs: list) -> None:
+    """Define ``plan``'s launch, just made with ``prefix``, in the native table when the table missed
+    this call (``missed``) or has no recipe yet: the next call with these inputs' key launches from
+    C++. Not for a launch the recipe can't make (``plan.native`` holds why), under a CUDA graph
+    capture (the plan isn't kept: its config was chosen untimed), or with the tensors' device not
+    the current one."""
+    if not (missed or (table.call is None and not table.defined)) or not table.wanted or plan.native:
+        return
+    if plan.compiled is None or torch.cuda.is_current_stream_capturing():
+        return
+    if inputs[0].device.index != torch.cuda.current_device() or not triton_launch.direct():
+        return
+    if not table.define(plan.compiled, plan.grid, prefix + plan.tail, inputs, scalars, outputs):
+        plan.native = table.reason or "refused"
+
+
+__all__ = ["DECODE_ROUTE", "FAMILY", "KERNELS"]
