@@ -9,7 +9,11 @@ CLIENTS := $(VENV)/.opforge-clients
 DEEPSPEED_SPEC ?= deepspeed==0.19.8
 COLOSSALAI_SPEC ?= colossalai==0.5.0
 TORCH_SPEC ?= torch==2.13.0
-PYTEST_ARGS ?= -q -m 'not slow' --durations=15
+# Two pytest-xdist workers, a test file each at a time (its module fixtures built once): the suite's
+# compiles and subprocesses use one core each, so 2 cores take about 0.65x of one process's time. The
+# builds that need torch's headers still happen once per run (tests/conftest.py: shared_cache).
+TEST_WORKERS ?= 2
+PYTEST_ARGS ?= -q -m 'not slow' -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 .PHONY: demo test bench venv clean-venv
 

@@ -101,11 +101,20 @@ def load_spec(spec: BuildSpec, s: settings_mod.Settings, build_directory: str | 
         if result is not None:
             return result
         bad.append(entry.path)
-    entry = _build(layout, spec, s, build_directory, reporter, bad)
-    result = _import(entry, spec, reporter)
-    if result is None:
-        raise BuildError(f"the freshly built {entry.binary} could not be read back; see {entry.path}/build.log")
-    return result
+    for _ in range(_READBACK_TRIES):
+        entry = _build(layout, spec, s, build_directory, reporter, bad)
+        result = _import(entry, spec, reporter)
+        if result is not None:
+            return result
+        if cache.binary_state(entry) != "missing":
+            break
+        bad.append(entry.path)  # removed between its publishing and its import: a cache clean ran; build again
+    raise BuildError(f"the freshly built {entry.binary} could not be read back; see {entry.path}/build.log")
+
+
+_READBACK_TRIES = 4
+"""Builds a load makes when its fresh binary is gone before it is imported (``opforge cache clean``
+running meanwhile): a clean costs the loaders a rebuild, never a failed load."""
 
 
 def ensure_built(spec: BuildSpec, s: settings_mod.Settings, reporter: Reporter) -> Entry:

@@ -147,7 +147,7 @@ def _bounded(s: settings_mod.Settings, reporter: Reporter, what: str, fn):
     worker = threading.Thread(target=work, name="opforge-remote", daemon=True)
     worker.start()
     worker.join(s.remote_timeout)
-    if worker.is_alive():
+    if worker.is_alive() or _timed_out(box.get("error")):  # the client's own timeout may fire first
         why = f"no answer within {s.remote_timeout:g} s (OPFORGE_REMOTE_TIMEOUT)"
     elif "error" in box:
         exc = box["error"]
@@ -163,6 +163,12 @@ def _bounded(s: settings_mod.Settings, reporter: Reporter, what: str, fn):
         reporter.notice(f"the remote cache {url} is not usable ({what}: {why}); {then}, and not asking it again "
                         "in this process")
     return None
+
+
+def _timed_out(exc: BaseException | None) -> bool:
+    """Whether a store's client gave up waiting (TimeoutError, httpx's and aiohttp's timeouts, given the
+    same timeout as ``_bounded``'s wait)."""
+    return exc is not None and (isinstance(exc, TimeoutError) or any("Timeout" in c.__name__ for c in type(exc).__mro__))
 
 
 def _open(s: settings_mod.Settings, reporter: Reporter):

@@ -247,6 +247,40 @@ def test_corrupt_binary_is_detected_and_rebuilt(cache_dir, make_pymod):
         assert _entries(cache_dir / name) == [os.path.basename(entry)]
 
 
+def test_a_clean_between_publish_and_import_costs_a_rebuild_not_the_load(cache_dir, make_pymod, counting_cxx,
+                                                                          monkeypatch):
+    """`opforge cache clean` may remove a fresh entry after its build published it and before the
+    loading process imported it (a busy machine widens that window): the load builds again."""
+    from opforge.engine import jit
+
+    name = "clean_window_ext"
+    src = make_pymod(name, 17)
+    real_import, removed = jit._import, []
+
+    def clean_first(entry, spec, reporter):
+        if not removed:
+            removed.append(entry.path)
+            cache.discard(entry.path)
+        return real_import(entry, spec, reporter)
+
+    monkeypatch.setattr(jit, "_import", clean_first)
+    mod = opforge.load(name, [str(src)])
+    assert mod.value() == 17 and len(removed) == 1
+    assert os.path.exists(mod.__file__) and os.path.dirname(mod.__file__) == removed[0]  # published again
+    assert len(counting_cxx.links()) == 1  # the build directory still held its outputs: nothing recompiled
+
+
+def test_a_fresh_binary_that_is_there_but_unreadable_is_an_error_not_a_loop(cache_dir, make_pymod, counting_cxx,
+                                                                            monkeypatch):
+    from opforge.engine import jit
+
+    src = make_pymod("unreadable_ext", 3)
+    monkeypatch.setattr(jit, "_import", lambda entry, spec, reporter: None)
+    with pytest.raises(opforge.errors.BuildError, match="could not be read back"):
+        opforge.load("unreadable_ext", [str(src)])
+    assert len(counting_cxx.links()) == 1
+
+
 def test_cache_verify_finds_corruption_with_size_and_mtime_kept(cache_dir, make_pymod, capsys):
     name = "verify_ext"
     src = make_pymod(name, 5)

@@ -71,8 +71,8 @@ def test_a_notebook_cell_with_relative_sources_resolves_them_against_the_cwd_and
         cache_dir, tmp_path, monkeypatch, request):
     (tmp_path / "answer.cpp").write_text(STABLE_SOURCE)
     monkeypatch.chdir(tmp_path)
-    pytest_main = sys.modules["__main__"]
-    assert getattr(pytest_main, "__file__", None)
+    script_main = types.ModuleType("__main__")  # a script's __main__, with a file (pytest's has none under xdist)
+    script_main.__file__ = str(tmp_path / "elsewhere" / "train.py")
     user_module = types.ModuleType("__main__")  # what IPython puts in sys.modules: a module with no __file__
     monkeypatch.setitem(sys.modules, "__main__", user_module)
     kind = f"nofile_nb{next(_ids)}"
@@ -84,7 +84,7 @@ def test_a_notebook_cell_with_relative_sources_resolves_them_against_the_cwd_and
         k = user_module.NoFileLoader().load(strict=True)
         user_module.NoFileLoader().candidates()
     assert (k.name, k.origin, k.answer()) == (f"{kind}_cpp", "built", 42)
-    monkeypatch.setitem(sys.modules, "__main__", pytest_main)  # a __main__ with a file, pytest's, back in place
+    monkeypatch.setitem(sys.modules, "__main__", script_main)  # now a __main__ with a file, in another directory
     assert user_module.Answer.source_paths() == [str(tmp_path / "answer.cpp")]  # where they were found, still
     notices = [w for w in seen if issubclass(w.category, DeclarationWarning)]
     assert len(notices) == 1, [str(w.message) for w in seen]

@@ -176,6 +176,30 @@ def test_doctor_checks_the_store_and_the_keys(tmp_path, keys, silent_server):
     remote._DEAD.clear()
 
 
+
+def test_a_clients_own_timeout_reads_as_no_answer_and_other_errors_keep_their_name(capsys):
+    """The store's client gets the same timeout as the wait for it, so on a busy machine its own
+    timeout (httpx's ReadTimeout under webdav4) may fire first: the verdict is the same."""
+    httpx = pytest.importorskip("httpx")
+    from opforge import settings
+    from opforge.engine.progress import Reporter
+
+    url = "webdav://127.0.0.1:9/opforge"
+    s = settings.current({"OPFORGE_REMOTE_CACHE": url, "OPFORGE_REMOTE_TIMEOUT": "1"})
+    for exc, why in ((httpx.ReadTimeout("timed out"), "no answer within 1 s (OPFORGE_REMOTE_TIMEOUT)"),
+                     (TimeoutError("slow"), "no answer within 1 s (OPFORGE_REMOTE_TIMEOUT)"),
+                     (PermissionError("403 Forbidden"), "PermissionError: 403 Forbidden")):
+        remote._DEAD.clear()
+
+        def fail(exc=exc):
+            raise exc
+
+        assert remote._bounded(s, Reporter(False), "listing", fail) is None
+        assert remote._DEAD[url] == why
+        assert f"(listing: {why}); building locally" in capsys.readouterr().err
+    remote._DEAD.clear()
+
+
 def test_the_report_says_a_kernel_would_come_from_the_remote(monkeypatch, tmp_path, source, keys, counting_cxx):
     from opforge.cli.report_cmd import candidate_json
     from opforge.extension import CppExtension
