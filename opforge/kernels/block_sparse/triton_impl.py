@@ -4,7 +4,9 @@
   block-row's kept blocks (CSR: ``row_ptr``, ``cols``), ``x[tile, cols[k]] @ w[k]ᵀ`` in fp32 on
   the tensor cores, adds the bias and stores its ``(BLOCK_M, bh)`` tile of ``y`` once. At
   decode sizes (``decode_split``) several programs share a block-row's blocks; the last of them
-  to finish adds their fp32 partial sums, in the same launch.
+  to finish adds their fp32 partial sums, in the same launch. Up to 64 tokens a route picks this
+  or ``_decode_kernel``; past them, with the copy engine, this or the paired forward (two
+  block-rows a program, ``pairs.py``).
 * ``grad_input``: the same over block-columns (CSC: ``col_ptr``, ``col_order``),
   ``dy[tile, rows[k]] @ w[k]`` into a ``(BLOCK_M, bw)`` tile of ``dx``.
 * ``grad_weight``: a program per (up to ``G = 128 / bw`` consecutive kept blocks of one
@@ -42,7 +44,23 @@ from .. import triton_launch
 from ..native_launch import NativeTable
 from ..triton_tma import Described
 from . import reference
-from .triton_plans import _REFERENCE, DECODE_ROUTE, FAMILY, KERNELS, _define, _keep, _plan
+from .triton_plans import (
+    _DECODE,
+    _PAIR,
+    _PLAIN,
+    _REFERENCE,
+    _SPLIT,
+    _TMA,
+    DECODE_ROUTE,
+    FAMILY,
+    FWD_ROUTE,
+    KERNELS,
+    _define,
+    _fwd_prefix,
+    _keep,
+    _pair_lists,
+    _plan,
+)
 from .triton_sizing import (
     DECODE_MAX_TOKENS,
     bucket,
@@ -56,13 +74,13 @@ from .triton_sizing import (
     device_facts,
     dw_fits,
     m_fits,
+    pair_fits,
+    pairs_fit,
     precision,
     split_counts,
     supported,
     tma_ready,
 )
-
-_TMA, _SPLIT, _PLAIN, _DECODE = "tma", "split", "plain", "decode"
 
 
 def forward(x, w, bias, rows, cols, row_ptr, out_features: int):
@@ -80,6 +98,8 @@ def forward(x, w, bias, rows, cols, row_ptr, out_features: int):
         plan = _keep(_FWD, key, _forward_plan(x, w, bias, cols, row_ptr, out_features))
     if plan is _REFERENCE:
         return reference.forward(x, w, bias, rows, cols, row_ptr, out_features)
+    if plan.facts[0] is _PAIR and _pair_lists(cols, row_ptr, *plan.facts[3:5]) is None:
+        plan = plan.facts[5]  # a layout first seen under a CUDA graph capture: its pair lists can't be made there
     y = torch.empty(x.shape[0], out_features, dtype=x.dtype, device=x.device)
     prefix = _fwd_prefix(plan.facts, x, w, bias if bias is not None else w, y, cols, row_ptr)
     plan(prefix, x.device.index)
@@ -88,20 +108,6 @@ def forward(x, w, bias, rows, cols, row_ptr, out_features: int):
         _define(_NATIVE_FWD, native is not None, plan, prefix, (x, w, bias, cols, row_ptr), (out_features, tf32),
                 outputs)
     return y
-
-
-def _fwd_prefix(facts, x, w, b, y, cols, row_ptr) -> tuple:
-    """A forward launch's leading arguments: this call's tensors (and fresh split buffers)."""
-    kind = facts[0]
-    if kind is _TMA:
-        return Described(x, facts[1]), Described(w, facts[2], w.shape[0] * w.shape[1]), b, y, cols, row_ptr
-    if kind is _DECODE:  # (_DECODE, partial slots, block-rows): a slot holds (tokens, bh)
-        part = torch.empty(facts[1], x.shape[0], w.shape[1], dtype=torch.float32, device=x.device)
-        return x, w, b, y, part, split_counts(x.device.index, facts[2]), cols, row_ptr
-    if kind is _SPLIT:
-        part = torch.empty(facts[1], x.shape[0], y.shape[1], dtype=torch.float32, device=x.device)
-        return x, w, b, y, part, split_counts(x.device.index, facts[2]), cols, row_ptr
-    return x, w, b, y, y, row_ptr, cols, row_ptr  # part and counts: not read
 
 
 def _forward_plan(x, w, bias, cols, row_ptr, out_features):
@@ -128,8 +134,39 @@ def _forward_plan(x, w, bias, cols, row_ptr, out_features):
                      lambda c: m_fits(c, tokens, bw, bh, size))
         plan.facts = (_TMA, (plan.choice.kwargs["BLOCK_M"], plan.choice.kwargs["BLOCK_K"]),
                       (bh, plan.choice.kwargs["BLOCK_K"]))
-        return plan
+        grid_c = in_features // bw
+        if not pairs_fit(bh, grid_r, grid_c):
+            return plan
+        return _pair_route(plan, x, w, b, y, cols, row_ptr, out_features, has_bias, key, grid_c)
     return _pointer_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, key)
+
+
+def _pair_route(rows_plan, x, w, b, y, cols, row_ptr, out_features, has_bias, key, grid_c):
+    """``rows_plan`` (a block-row a program) or the paired plan (two: ``_fwd_pair_kernel``), whichever
+    ``FWD_ROUTE`` found faster for this size class. The paired plan keeps the one-row plan for calls
+    whose pair lists can't be made (a layout first seen under a capture)."""
+    nnz, bh, bw = w.shape
+    tokens = x.shape[0]
+    dev, prec, size = x.device.index, precision(x.dtype), x.element_size()
+    grid_r = out_features // bh
+    if _pair_lists(cols, row_ptr, grid_r, grid_c) is None:  # under a capture
+        return rows_plan
+
+    def facts_of(c):
+        return (_PAIR, (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]), (bh, c.kwargs["BLOCK_K"]), grid_r, grid_c, rows_plan)
+
+    def build(c):
+        return (((grid_r + 1) // 2 * cdiv(tokens, c.kwargs["BLOCK_M"]),), _fwd_prefix(facts_of(c), x, w, b, y, cols, row_ptr),
+                (tokens, out_features, *key, bh, bw, has_bias, prec))
+    paired = _plan("fwd_pair", ("fwd_pair", x.dtype, prec, *key, bh, bw, out_features, has_bias), dev, build,
+                   lambda c: pair_fits(c, tokens, bw, bh, size))
+    paired.facts = facts_of(paired.choice)
+    paired.native = "its pair lists belong to one layout, which a native recipe's key does not name"
+    plans = {"rows": rows_plan, "pairs": paired}
+    prefixes = {n: _fwd_prefix(p.facts, x, w, b, y, cols, row_ptr) for n, p in plans.items()}
+    runs = {n: (lambda p=p, n=n: p(prefixes[n], dev)) for n, p in plans.items()}
+    route_key = ("fwd_route", x.dtype, *key, bh, bw, out_features, bucket(nnz), has_bias)
+    return plans[FWD_ROUTE.choose(route_key, dev, runs)]
 
 
 def _pointer_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, key):
@@ -353,8 +390,9 @@ def forget_plans() -> None:
     """Plan every call shape again (tests that change how calls are planned)."""
     for plans in (_FWD, _DX, _DW):
         plans.clear()
-    if DECODE_ROUTE is not None:
-        DECODE_ROUTE.forget()
+    for route in (DECODE_ROUTE, FWD_ROUTE):
+        if route is not None:
+            route.forget()
     for table in (_NATIVE_FWD, _NATIVE_DX, _NATIVE_DW):
         table.forget()
 
@@ -362,5 +400,5 @@ def forget_plans() -> None:
 forgets(forget_plans)  # opforge.reset()
 
 
-__all__ = ["DECODE_ROUTE", "FAMILY", "KERNELS", "NATIVE_FORWARD", "NATIVE_INPUT_GRAD", "NATIVE_WEIGHT_GRAD", "forward", "grad_input", "grad_weight",
+__all__ = ["DECODE_ROUTE", "FAMILY", "FWD_ROUTE", "KERNELS", "NATIVE_FORWARD", "NATIVE_INPUT_GRAD", "NATIVE_WEIGHT_GRAD", "forward", "grad_input", "grad_weight",
            "grad_weight_bias"]

@@ -4,6 +4,8 @@ sizes their work). See its docstring for what each computes.
 * ``_fwd_kernel`` / ``_dx_kernel`` load through pointers; ``_fwd_tma_kernel`` /
   ``_dx_tma_kernel`` do the same work with the operands brought in by the copy engine (TMA,
   Hopper and newer), used where the operands allow it (``triton_sizing.tma_ready``).
+* ``_fwd_pair_kernel``: the copy-engine forward with two neighbouring block-rows a program
+  (``pairs.py``), where the tuning finds it faster.
 * ``_decode_kernel``: the forward at decode sizes (up to ``DECODE_MAX_TOKENS`` tokens): equal
   runs of the kept blocks per program, whatever rows they fall in.
 * ``_dw_kernel``: the weight gradient, on the kept blocks only.
@@ -212,6 +214,56 @@ def _fwd_tma_kernel(x_desc, w_desc, b_ptr, y_ptr, cols_ptr, row_ptr_ptr, T, N_OU
         acc += tl.load(b_ptr + r * BH + offs_h).to(tl.float32)[None, :]
     out = y_ptr + offs_m.to(tl.int64)[:, None] * N_OUT + (r * BH + offs_h)[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < T)[:, None])
+
+
+@jit
+def _fwd_pair_kernel(x_desc, w_desc, b_ptr, y_ptr, seg_ptr, pcol_ptr, pia_ptr, pib_ptr, T, N_OUT, T_BUCKET, L2_ROWS,
+                     DEPTH, BH: tl.constexpr, BW: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """_fwd_tma_kernel's work for block-rows 2p and 2p + 1 in one program (``pairs.py``): the x tile
+    of a column both keep is read once for their two blocks. Three loops, no branch: the columns
+    both keep, those only the first keeps, those only the second keeps. An odd last row's pair
+    has no second row (its runs are empty, its tile not stored)."""
+    n_rows = N_OUT // BH
+    p, pid_m = _tile((n_rows + 1) // 2, T, L2_ROWS, BLOCK_M, GROUP_M)
+    KSTEPS: tl.constexpr = BW // BLOCK_K
+    m0 = pid_m * BLOCK_M
+    s0 = tl.load(seg_ptr + 4 * p)
+    s1 = tl.load(seg_ptr + 4 * p + 1)
+    s2 = tl.load(seg_ptr + 4 * p + 2)
+    s3 = tl.load(seg_ptr + 4 * p + 3)
+    acc_a = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
+    acc_b = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
+    for it in range(s0 * KSTEPS, s1 * KSTEPS):  # both rows' blocks: one x tile, two products
+        e = it // KSTEPS
+        kk = (it % KSTEPS) * BLOCK_K
+        xt = x_desc.load([m0, tl.load(pcol_ptr + e) * BW + kk])
+        wa = w_desc.load([tl.load(pia_ptr + e) * BH, kk])
+        wb = w_desc.load([tl.load(pib_ptr + e) * BH, kk])
+        acc_a = tl.dot(xt, wa.T, acc_a, input_precision=PRECISION)
+        acc_b = tl.dot(xt, wb.T, acc_b, input_precision=PRECISION)
+    for it in range(s1 * KSTEPS, s2 * KSTEPS):  # the first row's own
+        e = it // KSTEPS
+        kk = (it % KSTEPS) * BLOCK_K
+        xt = x_desc.load([m0, tl.load(pcol_ptr + e) * BW + kk])
+        wa = w_desc.load([tl.load(pia_ptr + e) * BH, kk])
+        acc_a = tl.dot(xt, wa.T, acc_a, input_precision=PRECISION)
+    for it in range(s2 * KSTEPS, s3 * KSTEPS):  # the second row's own
+        e = it // KSTEPS
+        kk = (it % KSTEPS) * BLOCK_K
+        xt = x_desc.load([m0, tl.load(pcol_ptr + e) * BW + kk])
+        wb = w_desc.load([tl.load(pib_ptr + e) * BH, kk])
+        acc_b = tl.dot(xt, wb.T, acc_b, input_precision=PRECISION)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_h = tl.arange(0, BH)
+    ra, rb = 2 * p, 2 * p + 1
+    if HAS_BIAS:
+        acc_a += tl.load(b_ptr + ra * BH + offs_h).to(tl.float32)[None, :]
+        acc_b += tl.load(b_ptr + rb * BH + offs_h, mask=rb < n_rows, other=0.0).to(tl.float32)[None, :]
+    rows = y_ptr + offs_m.to(tl.int64)[:, None] * N_OUT
+    m_ok = (offs_m < T)[:, None]
+    tl.store(rows + (ra * BH + offs_h)[None, :], acc_a.to(y_ptr.dtype.element_ty), mask=m_ok)
+    tl.store(rows + (rb * BH + offs_h)[None, :], acc_b.to(y_ptr.dtype.element_ty), mask=m_ok & (rb < n_rows))
 
 
 @jit

@@ -1,6 +1,7 @@
 """The block-sparse Triton kernels' plans (``triton_impl.py`` launches them): each kernel with its
-candidate configs (``KERNELS``), the decode route between two forwards (``DECODE_ROUTE``), and
-the steps every plan takes: choose a config (tuned once, kept in the cache), remember the plan
+candidate configs (``KERNELS``), the routes between two forwards (``DECODE_ROUTE``, ``FWD_ROUTE``),
+a forward's launch arguments (``_fwd_prefix``, with the paired forward's lists), and the steps
+every plan takes: choose a config (tuned once, kept in the cache), remember the plan
 outside CUDA graph captures, and define its launch in a native table for the C++ path.
 
 Without triton installed this module still imports (``triton_compat.py``).
@@ -14,8 +15,18 @@ from .. import triton_launch
 from ..native_launch import NativeTable
 from ..triton_compat import triton
 from ..triton_launch import Plan, Route, TunedKernel
-from .triton_kernels import _decode_kernel, _dw_kernel, _dx_kernel, _dx_tma_kernel, _fwd_kernel, _fwd_tma_kernel
-from .triton_sizing import decode_configs, dw_configs, fwd_configs, m_configs
+from ..triton_tma import Described
+from . import pairs
+from .triton_kernels import (
+    _decode_kernel,
+    _dw_kernel,
+    _dx_kernel,
+    _dx_tma_kernel,
+    _fwd_kernel,
+    _fwd_pair_kernel,
+    _fwd_tma_kernel,
+)
+from .triton_sizing import decode_configs, dw_configs, fwd_configs, m_configs, outside_pools, split_counts
 
 FAMILY = "block_sparse_triton"
 """The tuned configs' family in opforge's cache (``kernels/tuning.py``): the extension's name."""
@@ -24,6 +35,7 @@ KERNELS = {} if triton is None else {
     "fwd": TunedKernel(FAMILY, _fwd_kernel, fwd_configs()),
     "dx": TunedKernel(FAMILY, _dx_kernel, m_configs()),
     "fwd_tma": TunedKernel(FAMILY, _fwd_tma_kernel, m_configs()),
+    "fwd_pair": TunedKernel(FAMILY, _fwd_pair_kernel, m_configs()),
     "decode": TunedKernel(FAMILY, _decode_kernel, decode_configs()),
     "dx_tma": TunedKernel(FAMILY, _dx_tma_kernel, m_configs()),
     "dw": TunedKernel(FAMILY, _dw_kernel, dw_configs()),
@@ -37,6 +49,13 @@ of blocks per program) or the pointer kernel (a block-row per program, split at 
 once per key and kept (on an H200 the decode kernel took 1.4x the pointer kernel's time at d=0.1,
 T=64 on 4096->14336, and half of it on 14336->4096 at T=64: ``docs/benchmarks.md``, issue 35)."""
 
+FWD_ROUTE = None if triton is None else Route(FAMILY, "fwd_route", ("rows", "pairs"),
+                                               (KERNELS["fwd_tma"], KERNELS["fwd_pair"]))
+"""Past ``DECODE_MAX_TOKENS`` tokens with the copy engine, where 32- or 64-high blocks allow it, which
+forward runs a size class: a block-row a program (``_fwd_tma_kernel``) or two (``_fwd_pair_kernel``,
+reading a shared column's x tile once for both). Timed once per key and kept; the one-row kernel
+where nothing is timed (tuning off, a capture)."""
+
 
 # -- plans: each call shape is sized, tuned and compiled once (kernels/triton_launch.py) --
 
@@ -45,6 +64,8 @@ T=64 on 4096->14336, and half of it on 14336->4096 at T=64: ``docs/benchmarks.md
 # sizing, config and compiled kernel depend on; a call's own tensors (and outputs) go in at
 # launch, so a plan never holds a pointer or a descriptor of an earlier call.
 _REFERENCE = "reference"
+_TMA, _SPLIT, _PLAIN, _DECODE, _PAIR = "tma", "split", "plain", "decode", "pair"
+"""What a forward plan launches (its ``facts[0]``), for ``_fwd_prefix``."""
 _MAX_PLANS = 4096
 
 
@@ -65,6 +86,30 @@ def _plan(which: str, key: tuple, device: int, build, keep, facts=None, prefer=N
     choice = kernel.choose(key, device, lambda c: _joined(build(c)), keep, prefer)
     grid, _, consts = build(choice)
     return Plan(kernel, choice, grid, consts, facts if facts is not None else which)
+
+
+def _fwd_prefix(facts, x, w, b, y, cols, row_ptr) -> tuple:
+    """A forward launch's leading arguments: this call's tensors (and fresh split buffers)."""
+    kind = facts[0]
+    if kind is _TMA:
+        return Described(x, facts[1]), Described(w, facts[2], w.shape[0] * w.shape[1]), b, y, cols, row_ptr
+    if kind is _PAIR:  # (_PAIR, x box, w box, block-rows, block-columns, the one-row plan)
+        return (Described(x, facts[1]), Described(w, facts[2], w.shape[0] * w.shape[1]), b, y,
+                *_pair_lists(cols, row_ptr, facts[3], facts[4]))
+    if kind is _DECODE:  # (_DECODE, partial slots, block-rows): a slot holds (tokens, bh)
+        part = torch.empty(facts[1], x.shape[0], w.shape[1], dtype=torch.float32, device=x.device)
+        return x, w, b, y, part, split_counts(x.device.index, facts[2]), cols, row_ptr
+    if kind is _SPLIT:
+        part = torch.empty(facts[1], x.shape[0], y.shape[1], dtype=torch.float32, device=x.device)
+        return x, w, b, y, part, split_counts(x.device.index, facts[2]), cols, row_ptr
+    return x, w, b, y, y, row_ptr, cols, row_ptr  # part and counts: not read
+
+
+def _pair_lists(cols, row_ptr, grid_r: int, grid_c: int):
+    """The pair lists of this call's layout (``pairs.lists_for``): made outside CUDA graph pools, and
+    not under a capture (None)."""
+    make = None if torch.cuda.is_current_stream_capturing() else (lambda f: outside_pools(f, cols.device))
+    return pairs.lists_for(cols, row_ptr, grid_r, grid_c, make)
 
 
 def _joined(built):
@@ -89,4 +134,4 @@ def _define(table: NativeTable, missed: bool, plan, prefix: tuple, inputs: tuple
         plan.native = table.reason or "refused"
 
 
-__all__ = ["DECODE_ROUTE", "FAMILY", "KERNELS"]
+__all__ = ["DECODE_ROUTE", "FAMILY", "FWD_ROUTE", "KERNELS"]

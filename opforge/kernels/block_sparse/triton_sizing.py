@@ -56,6 +56,28 @@ def m_fits(c, tokens: int, k_block: int, n_block: int, size: int) -> bool:
             and (m + n_block) * k * size * _buffers(c.num_stages) <= 200 * 1024)
 
 
+PAIR_HEIGHTS = (32, 64)
+"""Block heights the paired forward takes (``pairs.py``): two (BLOCK_M, bh) fp32 accumulators a
+program; 128-high blocks already feed 128 outputs an x tile (1.53x dense at T=2048, d=0.5)."""
+PAIR_MAX_ENTRIES = 1 << 22
+"""The most entries of the pair lists (pairs x block-columns, three int32 each): larger layouts take
+the one-row forward."""
+
+
+def pairs_fit(bh: int, grid_r: int, grid_c: int) -> bool:
+    """Whether the paired forward may run a layout of ``grid_r`` x ``grid_c`` blocks ``bh`` high."""
+    return bh in PAIR_HEIGHTS and grid_r >= 2 and -(-grid_r // 2) * grid_c <= PAIR_MAX_ENTRIES
+
+
+def pair_fits(c, tokens: int, k_block: int, n_block: int, size: int) -> bool:
+    """``m_fits`` with the second block's buffers and accumulator: (BLOCK_M + 2 bh) x BLOCK_K a buffer,
+    two accumulators of at most 128 fp32 registers a thread."""
+    m, k = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]
+    return (m >= 64 and m <= max(16, pow2(tokens)) and k <= k_block
+            and (m + 2 * n_block) * k * size * _buffers(c.num_stages) <= 200 * 1024
+            and 2 * m * n_block <= 128 * 32 * c.num_warps)
+
+
 def bucket(t: int) -> int:
     return min(65536, pow2(max(1, t)))
 
@@ -113,24 +135,30 @@ def split_counts(device: int, needed: int) -> torch.Tensor:
 
 
 def _zeros_outside_pools(n: int, device: torch.device) -> torch.Tensor:
-    """int32 zeros that outlive the call, made by another thread: torch.compile's CUDA graph trees
-    send this thread's allocations to their pool while they warm up and record, and the pool must
-    hold no tensor they don't track ("Detected 1 tensor(s) in the cudagraph pool not tracked as
-    outputs"). That thread waits for its zeros, so they are there before any later launch. Under a
-    capture they are made here, on the capturing stream (the graph's pool holds them)."""
+    """int32 zeros that outlive the call (``outside_pools``); under a capture they are made here, on
+    the capturing stream (the graph's pool holds them)."""
     if torch.cuda.is_current_stream_capturing():
         return torch.zeros(n, dtype=torch.int32, device=device)
+    return outside_pools(lambda: torch.zeros(n, dtype=torch.int32, device=device), device)
+
+
+def outside_pools(make, device: torch.device):
+    """``make()``'s tensors, made by another thread for tensors that outlive the call: torch.compile's
+    CUDA graph trees send this thread's allocations to their pool while they warm up and record, and
+    the pool must hold no tensor they don't track ("Detected 1 tensor(s) in the cudagraph pool not
+    tracked as outputs"). That thread waits for its work, so it is done before any later launch.
+    Not under a capture (another thread's work can't run then)."""
     made: list = []
 
-    def make() -> None:
+    def work() -> None:
         try:
             with torch.cuda.device(device):
-                made.append(torch.zeros(n, dtype=torch.int32, device=device))
+                made.append(make())
                 torch.cuda.current_stream(device).synchronize()
         except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread below
             made.append(exc)
 
-    worker = threading.Thread(target=make, name="opforge-counts")
+    worker = threading.Thread(target=work, name="opforge-outside-pools")
     worker.start()
     worker.join()
     if isinstance(made[0], BaseException):
