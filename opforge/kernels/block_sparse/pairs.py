@@ -38,10 +38,12 @@ _REPLACED: list = []
 _LOCK = threading.Lock()
 _SHORT_LIVED: dict = {}
 """Per (block-rows, block-columns, blocks): how many index tensors died within ``_SHORT`` s of their
-lists being made. Index tensors made afresh for each call (a layout whose indices a compiled graph
+lists being made, having served one call. Index tensors made afresh for each call (a layout whose indices a compiled graph
 copies in every time) would cost each call a making; past ``_CHURN`` such deaths that shape stops
 getting lists and takes the one-row forward."""
 _SHORT, _CHURN = 1.0, 16
+_ONE_CALL = 2
+"""Lookups of one forward call: its check for the lists (which makes them), and its launch arguments."""
 
 
 def pair_lists(cols: torch.Tensor, row_ptr: torch.Tensor, grid_r: int, grid_c: int) -> tuple:
@@ -74,8 +76,9 @@ def lists_for(cols: torch.Tensor, row_ptr: torch.Tensor, grid_r: int, grid_c: in
     key = (id(cols), id(row_ptr), grid_r, grid_c)
     found = _MEMO.get(key)
     if found is not None:
-        ref_c, ref_r, versions, lists = found
+        ref_c, ref_r, versions, lists, uses = found
         if ref_c() is cols and ref_r() is row_ptr and versions == (cols._version, row_ptr._version):
+            uses[0] += 1
             return lists
     shape = (grid_r, grid_c, cols.numel())
     if make is None or _SHORT_LIVED.get(shape, 0) >= _CHURN:
@@ -85,13 +88,20 @@ def lists_for(cols: torch.Tensor, row_ptr: torch.Tensor, grid_r: int, grid_c: in
         old = _MEMO.get(key)
         if old is not None:
             _REPLACED.append(old[3])  # indices written in place: a captured graph may still read the old lists
+            uses = old[4]
         else:
-            weakref.finalize(cols, _dropped, key, shape, time.monotonic())
-        _MEMO[key] = (weakref.ref(cols), weakref.ref(row_ptr), (cols._version, row_ptr._version), lists)
+            uses = [1]
+            weakref.finalize(cols, _dropped, key, shape, time.monotonic(), uses)
+        _MEMO[key] = (weakref.ref(cols), weakref.ref(row_ptr), (cols._version, row_ptr._version), lists, uses)
     return lists
 
 
-def _dropped(key: tuple, shape: tuple, made: float) -> None:
+def _dropped(key: tuple, shape: tuple, made: float, uses: list) -> None:
     _MEMO.pop(key, None)
-    if time.monotonic() - made < _SHORT:
+    if uses[0] <= _ONE_CALL and time.monotonic() - made < _SHORT:
         _SHORT_LIVED[shape] = _SHORT_LIVED.get(shape, 0) + 1
+
+
+def forget() -> None:
+    """Let every shape have lists again (``triton_impl.forget_plans``)."""
+    _SHORT_LIVED.clear()

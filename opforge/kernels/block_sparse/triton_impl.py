@@ -43,7 +43,7 @@ from ...process import forgets
 from .. import triton_launch
 from ..native_launch import NativeTable
 from ..triton_tma import Described
-from . import reference
+from . import pairs, reference
 from .triton_plans import (
     _DECODE,
     _PAIR,
@@ -393,6 +393,7 @@ def forget_plans() -> None:
     for route in (DECODE_ROUTE, FWD_ROUTE):
         if route is not None:
             route.forget()
+    pairs.forget()
     for table in (_NATIVE_FWD, _NATIVE_DX, _NATIVE_DW):
         table.forget()
 

@@ -85,3 +85,12 @@ def test_index_tensors_made_afresh_for_each_call_stop_getting_lists():
     assert all(g is not None for g in got[:pairs._CHURN]) and got[-1] is None
     lasting = BlockSparseLayout(torch.ones(6, 4, dtype=torch.bool), (16, 16)).indices()  # another shape: unaffected
     assert pairs.lists_for(lasting.cols, lasting.row_ptr, 6, 4, lambda fn: fn()) is not None
+    for _ in range(pairs._CHURN + 2):  # indices that serve several calls, however briefly they live, don't count
+        cols, row_ptr = lasting.cols.clone(), lasting.row_ptr.clone()
+        for _ in range(2 * pairs._ONE_CALL):
+            assert pairs.lists_for(cols, row_ptr, 6, 4, lambda fn: fn()) is not None
+        del cols, row_ptr
+        gc.collect()
+    assert pairs._SHORT_LIVED.get((6, 4, 24), 0) == 0
+    pairs.forget()
+    assert pairs._SHORT_LIVED == {}
