@@ -8,7 +8,7 @@ unstructured layout share about d of their columns (a quarter at d=0.5): a progr
 the x tile of a shared column once for two blocks. Variants, each against dense ``F.linear`` and
 opforge's forward in the same run:
 
-* ``pair3``: three loops, no branch: the columns both rows keep (x tile once, two MMAs), then those
+* ``pair3``: opforge's ``_fwd_pair_kernel`` (this probe's own copy until it was adopted): three loops, no branch: the columns both rows keep (x tile once, two MMAs), then those
   only the first keeps, then those only the second keeps. x tiles read: the union of the two rows'
   columns (0.75 of today's at d=0.5); MMAs: the kept blocks only.
 * ``pair1``: one loop over the union, both MMAs every step, the absent block read as zeros: the
@@ -30,6 +30,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from opforge.kernels.block_sparse.pairs import pair_lists
+from opforge.kernels.block_sparse.triton_kernels import _fwd_pair_kernel
+
 
 @triton.jit
 def _pair_tile(n_pairs, T, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr):
@@ -39,47 +42,6 @@ def _pair_tile(n_pairs, T, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr):
     first_m = (pid // per_group) * GROUP_M
     size_m = tl.minimum(n_m - first_m, GROUP_M)
     return (pid % per_group) // size_m, first_m + (pid % per_group) % size_m
-
-
-@triton.jit
-def _pair3(x_desc, w_desc, y_ptr, seg_ptr, pcol_ptr, pia_ptr, pib_ptr, T, N_OUT, n_pairs,
-           BH: tl.constexpr, BW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    p, pid_m = _pair_tile(n_pairs, T, BLOCK_M, GROUP_M)
-    KS: tl.constexpr = BW // BLOCK_K
-    m0 = pid_m * BLOCK_M
-    s0 = tl.load(seg_ptr + 4 * p)
-    s1 = tl.load(seg_ptr + 4 * p + 1)
-    s2 = tl.load(seg_ptr + 4 * p + 2)
-    s3 = tl.load(seg_ptr + 4 * p + 3)
-    acc_a = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
-    acc_b = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
-    for it in range(s0 * KS, s1 * KS):  # columns both rows keep
-        e = it // KS
-        kk = (it % KS) * BLOCK_K
-        c = tl.load(pcol_ptr + e)
-        xt = x_desc.load([m0, c * BW + kk])
-        wa = w_desc.load([tl.load(pia_ptr + e) * BH, kk])
-        wb = w_desc.load([tl.load(pib_ptr + e) * BH, kk])
-        acc_a = tl.dot(xt, wa.T, acc_a)
-        acc_b = tl.dot(xt, wb.T, acc_b)
-    for it in range(s1 * KS, s2 * KS):  # the first row's own
-        e = it // KS
-        kk = (it % KS) * BLOCK_K
-        xt = x_desc.load([m0, tl.load(pcol_ptr + e) * BW + kk])
-        wa = w_desc.load([tl.load(pia_ptr + e) * BH, kk])
-        acc_a = tl.dot(xt, wa.T, acc_a)
-    for it in range(s2 * KS, s3 * KS):  # the second row's own
-        e = it // KS
-        kk = (it % KS) * BLOCK_K
-        xt = x_desc.load([m0, tl.load(pcol_ptr + e) * BW + kk])
-        wb = w_desc.load([tl.load(pib_ptr + e) * BH, kk])
-        acc_b = tl.dot(xt, wb.T, acc_b)
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_h = tl.arange(0, BH)
-    rows = offs_m.to(tl.int64)[:, None] * N_OUT
-    ok = (offs_m < T)[:, None]
-    tl.store(y_ptr + rows + (2 * p * BH + offs_h)[None, :], acc_a.to(y_ptr.dtype.element_ty), mask=ok)
-    tl.store(y_ptr + rows + ((2 * p + 1) * BH + offs_h)[None, :], acc_b.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -114,35 +76,26 @@ def _pair1(x_desc, w_desc, y_ptr, seg_ptr, pcol_ptr, pia_ptr, pib_ptr, T, N_OUT,
     tl.store(y_ptr + rows + ((2 * p + 1) * BH + offs_h)[None, :], acc_b.to(y_ptr.dtype.element_ty), mask=ok)
 
 
-def pair_lists(cols: torch.Tensor, row_ptr: torch.Tensor, mixed: bool):
-    """(seg, pcol, pia, pib) for rows (2p, 2p+1). ``mixed``: one union list per pair with -1 for a
-    missing block (``_pair1``); else shared, first-only, second-only segments (``_pair3``)."""
-    cols_device = cols.device
+def union_lists(cols: torch.Tensor, row_ptr: torch.Tensor):
+    """(seg, pcol, pia, pib) for ``_pair1``: one union list per pair of rows (2p, 2p+1), -1 where a
+    row lacks the column (seg[4p] and seg[4p+3] bound it)."""
+    device = cols.device
     cols, row_ptr = cols.tolist(), row_ptr.tolist()
     seg, pcol, pia, pib = [], [], [], []
     for p in range((len(row_ptr) - 1) // 2):
         a = {cols[i]: i for i in range(row_ptr[2 * p], row_ptr[2 * p + 1])}
         b = {cols[i]: i for i in range(row_ptr[2 * p + 1], row_ptr[2 * p + 2])}
-        both = sorted(a.keys() & b.keys())
-        only_a = sorted(a.keys() - b.keys())
-        only_b = sorted(b.keys() - a.keys())
+        union = sorted(a.keys() | b.keys())
         start = len(pcol)
-        if mixed:
-            union = sorted(a.keys() | b.keys())
-            pcol += union
-            pia += [a.get(c, -1) for c in union]
-            pib += [b.get(c, -1) for c in union]
-            seg += [start, start, start, len(pcol)]
-            continue
-        pcol += both + only_a + only_b
-        pia += [a[c] for c in both] + [a[c] for c in only_a] + [0] * len(only_b)
-        pib += [b[c] for c in both] + [0] * len(only_a) + [b[c] for c in only_b]
-        seg += [start, start + len(both), start + len(both) + len(only_a), len(pcol)]
-    return tuple(torch.tensor(v, dtype=torch.int32, device=cols_device) for v in (seg, pcol, pia, pib))
+        pcol += union
+        pia += [a.get(c, -1) for c in union]
+        pib += [b.get(c, -1) for c in union]
+        seg += [start, start, start, len(pcol)]
+    return tuple(torch.tensor(v, dtype=torch.int32, device=device) for v in (seg, pcol, pia, pib))
 
 
 def run_pair(kernel, x, w, lists, n_out, bm, bk, warps, stages):
-    seg, pcol, pia, pib = lists
+    """``kernel`` (``_pair1``, or opforge's ``_fwd_pair_kernel`` for the three runs) on ``lists``."""
     nnz, bh, bw = w.shape
     T = x.shape[0]
     y = torch.empty(T, n_out, dtype=x.dtype, device=x.device)
@@ -151,8 +104,11 @@ def run_pair(kernel, x, w, lists, n_out, bm, bk, warps, stages):
     w_desc = TensorDescriptor(w2, list(w2.shape), list(w2.stride()), [bh, bk])
     n_pairs = n_out // bh // 2
     grid = (n_pairs * triton.cdiv(T, bm),)
-    kernel[grid](x_desc, w_desc, y, seg, pcol, pia, pib, T, n_out, n_pairs, BH=bh, BW=bw, BLOCK_M=bm, BLOCK_K=bk,
-                 GROUP_M=8, num_warps=warps, num_stages=stages)
+    meta = dict(BH=bh, BW=bw, BLOCK_M=bm, BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages)
+    if kernel is _fwd_pair_kernel:  # no bias; T_BUCKET, L2_ROWS (no cap on the group), DEPTH
+        kernel[grid](x_desc, w_desc, y, y, *lists, T, n_out, 0, 1 << 20, 0, HAS_BIAS=False, PRECISION="tf32", **meta)
+    else:
+        kernel[grid](x_desc, w_desc, y, *lists, T, n_out, n_pairs, **meta)
     return y
 
 
@@ -181,8 +137,9 @@ def main() -> None:
     t_ours = bench(lambda: lin(x))
     print(f"T={T} {k_in}->{n_out} {b}-blocks d={args.density}: dense {t_dense * 1e3:.1f} us, "
           f"opforge {t_ours * 1e3:.1f} us ({t_dense / t_ours:.2f}x)")
-    for name, kernel, mixed in (("pair3", _pair3, False), ("pair1", _pair1, True)):
-        lists = pair_lists(cols, row_ptr, mixed)
+    grid_r, grid_c = n_out // b, k_in // b
+    for name, kernel, lists in (("pair3", _fwd_pair_kernel, pair_lists(cols, row_ptr, grid_r, grid_c)),
+                                ("pair1", _pair1, union_lists(cols, row_ptr))):
         best = None
         for bm, bk, warps, stages in itertools.product((128, 256), (64,), (4, 8), (3, 4, 5)):
             if bm == 256 and warps == 4:

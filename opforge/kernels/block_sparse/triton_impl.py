@@ -60,6 +60,8 @@ from .triton_plans import (
     _keep,
     _pair_lists,
     _plan,
+    _routed,
+    pair_route,
 )
 from .triton_sizing import (
     DECODE_MAX_TOKENS,
@@ -74,7 +76,6 @@ from .triton_sizing import (
     device_facts,
     dw_fits,
     m_fits,
-    pair_fits,
     pairs_fit,
     precision,
     split_counts,
@@ -137,36 +138,8 @@ def _forward_plan(x, w, bias, cols, row_ptr, out_features):
         grid_c = in_features // bw
         if not pairs_fit(bh, grid_r, grid_c):
             return plan
-        return _pair_route(plan, x, w, b, y, cols, row_ptr, out_features, has_bias, key, grid_c)
+        return pair_route(plan, x, w, b, y, cols, row_ptr, out_features, has_bias, key, grid_c)
     return _pointer_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, key)
-
-
-def _pair_route(rows_plan, x, w, b, y, cols, row_ptr, out_features, has_bias, key, grid_c):
-    """``rows_plan`` (a block-row a program) or the paired plan (two: ``_fwd_pair_kernel``), whichever
-    ``FWD_ROUTE`` found faster for this size class. The paired plan keeps the one-row plan for calls
-    whose pair lists can't be made (a layout first seen under a capture)."""
-    nnz, bh, bw = w.shape
-    tokens = x.shape[0]
-    dev, prec, size = x.device.index, precision(x.dtype), x.element_size()
-    grid_r = out_features // bh
-    if _pair_lists(cols, row_ptr, grid_r, grid_c) is None:  # under a capture
-        return rows_plan
-
-    def facts_of(c):
-        return (_PAIR, (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]), (bh, c.kwargs["BLOCK_K"]), grid_r, grid_c, rows_plan)
-
-    def build(c):
-        return (((grid_r + 1) // 2 * cdiv(tokens, c.kwargs["BLOCK_M"]),), _fwd_prefix(facts_of(c), x, w, b, y, cols, row_ptr),
-                (tokens, out_features, *key, bh, bw, has_bias, prec))
-    paired = _plan("fwd_pair", ("fwd_pair", x.dtype, prec, *key, bh, bw, out_features, has_bias), dev, build,
-                   lambda c: pair_fits(c, tokens, bw, bh, size))
-    paired.facts = facts_of(paired.choice)
-    paired.native = "its pair lists belong to one layout, which a native recipe's key does not name"
-    plans = {"rows": rows_plan, "pairs": paired}
-    prefixes = {n: _fwd_prefix(p.facts, x, w, b, y, cols, row_ptr) for n, p in plans.items()}
-    runs = {n: (lambda p=p, n=n: p(prefixes[n], dev)) for n, p in plans.items()}
-    route_key = ("fwd_route", x.dtype, *key, bh, bw, out_features, bucket(nnz), has_bias)
-    return plans[FWD_ROUTE.choose(route_key, dev, runs)]
 
 
 def _pointer_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, key):
@@ -198,12 +171,7 @@ def _decode_route(x, w, b, y, cols, row_ptr, out_features, has_bias, sms, key):
     class (each tuned first; both launched once on these arguments when the route is timed)."""
     plans = {"decode": _decode_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms),
              "pointer": _pointer_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, key)}
-    dev = x.device.index
-    prefixes = {n: _fwd_prefix(p.facts, x, w, b, y, cols, row_ptr) for n, p in plans.items()}
-    runs = {n: (lambda p=p, n=n: p(prefixes[n], dev)) for n, p in plans.items()}
-    nnz, bh, bw = w.shape
-    route_key = ("route", x.dtype, *key, bh, bw, out_features, bucket(nnz), has_bias)
-    return plans[DECODE_ROUTE.choose(route_key, dev, runs)]
+    return _routed(DECODE_ROUTE, "route", plans, x, w, b, y, cols, row_ptr, out_features, has_bias, key)
 
 
 def _decode_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms):

@@ -26,7 +26,18 @@ from .triton_kernels import (
     _fwd_pair_kernel,
     _fwd_tma_kernel,
 )
-from .triton_sizing import decode_configs, dw_configs, fwd_configs, m_configs, outside_pools, split_counts
+from .triton_sizing import (
+    bucket,
+    cdiv,
+    decode_configs,
+    dw_configs,
+    fwd_configs,
+    m_configs,
+    outside_pools,
+    pair_fits,
+    precision,
+    split_counts,
+)
 
 FAMILY = "block_sparse_triton"
 """The tuned configs' family in opforge's cache (``kernels/tuning.py``): the extension's name."""
@@ -110,6 +121,42 @@ def _pair_lists(cols, row_ptr, grid_r: int, grid_c: int):
     not under a capture (None)."""
     make = None if torch.cuda.is_current_stream_capturing() else (lambda f: outside_pools(f, cols.device))
     return pairs.lists_for(cols, row_ptr, grid_r, grid_c, make)
+
+
+def _routed(route: Route, name: str, plans: dict, x, w, b, y, cols, row_ptr, out_features, has_bias, key) -> Plan:
+    """The plan of ``plans`` (name -> a plan, its config tuned) that ``route`` found faster for this
+    size class (``name`` and the size class make its key); each launched once on these arguments
+    when the route is timed."""
+    dev = x.device.index
+    prefixes = {n: _fwd_prefix(p.facts, x, w, b, y, cols, row_ptr) for n, p in plans.items()}
+    runs = {n: (lambda p=p, n=n: p(prefixes[n], dev)) for n, p in plans.items()}
+    nnz, bh, bw = w.shape
+    return plans[route.choose((name, x.dtype, *key, bh, bw, out_features, bucket(nnz), has_bias), dev, runs)]
+
+
+def pair_route(rows_plan, x, w, b, y, cols, row_ptr, out_features, has_bias, key, grid_c):
+    """``rows_plan`` (a block-row a program) or the paired plan (two: ``_fwd_pair_kernel``), whichever
+    ``FWD_ROUTE`` found faster for this size class. The paired plan keeps the one-row plan for calls
+    whose pair lists can't be made (a layout first seen under a capture)."""
+    _, bh, bw = w.shape
+    tokens = x.shape[0]
+    dev, prec, size = x.device.index, precision(x.dtype), x.element_size()
+    grid_r = out_features // bh
+    if _pair_lists(cols, row_ptr, grid_r, grid_c) is None:  # under a capture
+        return rows_plan
+
+    def facts_of(c):
+        return (_PAIR, (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]), (bh, c.kwargs["BLOCK_K"]), grid_r, grid_c, rows_plan)
+
+    def build(c):
+        return (((grid_r + 1) // 2 * cdiv(tokens, c.kwargs["BLOCK_M"]),), _fwd_prefix(facts_of(c), x, w, b, y, cols, row_ptr),
+                (tokens, out_features, *key, bh, bw, has_bias, prec))
+    paired = _plan("fwd_pair", ("fwd_pair", x.dtype, prec, *key, bh, bw, out_features, has_bias), dev, build,
+                   lambda c: pair_fits(c, tokens, bw, bh, size))
+    paired.facts = facts_of(paired.choice)
+    paired.native = "its pair lists belong to one layout, which a native recipe's key does not name"
+    return _routed(FWD_ROUTE, "fwd_route", {"rows": rows_plan, "pairs": paired}, x, w, b, y, cols, row_ptr,
+                   out_features, has_bias, key)
 
 
 def _joined(built):

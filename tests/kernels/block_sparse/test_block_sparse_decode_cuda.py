@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from block_sparse_cases import case, close
 
 import opforge.ops  # noqa: F401
 from opforge.kernels.block_sparse import triton_kernels, triton_sizing
@@ -17,9 +18,6 @@ from opforge.ops import block_sparse_linear
 pytestmark = pytest.mark.cuda
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
-
-TOL = {torch.bfloat16: 2e-2, torch.float16: 3e-3}
-
 
 def ragged(grid_c: int) -> torch.Tensor:
     """Rows of 0, 1, ..., grid_c blocks (an empty row first, a full row last), shuffled columns."""
@@ -38,22 +36,6 @@ def layouts(block: int):
     sparse_rows[2, 1] = sparse_rows[5] = True  # empty rows around a one-block row and a full last row
     yield "mostly-empty", sparse_rows
     yield "empty", torch.zeros(3, 2, dtype=torch.bool)
-
-
-def case(mask, block, tokens, dtype, bias=True, seed=0):
-    bh, bw = block
-    lay = BlockSparseLayout(mask, (bh, bw))
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(lay.nnz, bh, bw, generator=g).to("cuda", dtype)
-    x = torch.randn(tokens, lay.shape[1], generator=g).to("cuda", dtype)
-    b = torch.randn(lay.shape[0], generator=g).to("cuda", dtype) if bias else None
-    ref = x.double() @ lay.scatter(w.double()).t() + (b.double() if bias else 0)
-    return lay, w, x, b, ref
-
-
-def close(got, ref, dtype):
-    tol = TOL[dtype]
-    torch.testing.assert_close(got.double(), ref, rtol=tol, atol=tol * max(1.0, ref.abs().max().item()))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from block_sparse_cases import case, close
 
 import opforge.ops  # noqa: F401
 from opforge.kernels.block_sparse import pairs, triton_impl
@@ -20,9 +21,6 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 if torch.cuda.get_device_capability()[0] < 9:
     pytest.skip("the paired forward reads through the copy engine (Hopper and newer)", allow_module_level=True)
-
-TOL = {torch.bfloat16: 2e-2, torch.float16: 3e-3, torch.float32: 1e-4}
-
 
 @pytest.fixture(autouse=True)
 def paired_first(monkeypatch):
@@ -45,21 +43,6 @@ def masks(grid_r: int, grid_c: int, seed: int):
     apart = torch.zeros(grid_r, grid_c, dtype=torch.bool)
     apart[0::2, : grid_c // 2] = apart[1::2, grid_c // 2:] = True  # each pair shares none
     yield "disjoint", apart
-
-
-def case(mask, block, tokens, dtype, bias, seed=0):
-    lay = BlockSparseLayout(mask, block)
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(lay.nnz, *block, generator=g).to("cuda", dtype)
-    x = torch.randn(tokens, lay.shape[1], generator=g).to("cuda", dtype)
-    b = torch.randn(lay.shape[0], generator=g).to("cuda", dtype) if bias else None
-    ref = x.double() @ lay.scatter(w.double()).t() + (b.double() if bias else 0)
-    return lay, w, x, b, ref
-
-
-def close(got, ref, dtype):
-    tol = TOL[dtype]
-    torch.testing.assert_close(got.double(), ref, rtol=tol, atol=tol * max(1.0, ref.abs().max().item()))
 
 
 def paired_runs() -> int:
