@@ -180,7 +180,7 @@ def _decode_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms):
     nnz, bh, bw = w.shape
     tokens, in_features = x.shape
     grid_r = out_features // bh
-    prec, size, has_tma = precision(x.dtype), x.element_size(), device_facts(x.device)[2]
+    prec, size = precision(x.dtype), x.element_size()
     block_k, search = decode_block_k(bw), decode_search(grid_r)
 
     def facts_of(c):
@@ -192,7 +192,7 @@ def _decode_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms):
         return ((programs,), _fwd_prefix(facts, x, w, b, y, cols, row_ptr),
                 (tokens, in_features, out_features, nnz, chunk, bh, bw, has_bias, prec, block_k, search))
     key = ("decode", x.dtype, prec, bucket(tokens), bh, bw, bucket(nnz), depth(nnz, grid_r), has_bias)
-    plan = _plan("decode", key, x.device.index, build, lambda c: decode_fits(c, tokens, bh, bw, size, has_tma))
+    plan = _plan("decode", key, x.device.index, build, lambda c: decode_fits(c, tokens, bh, bw, size))
     plan.facts = facts_of(plan.choice)[0]
     return plan
 

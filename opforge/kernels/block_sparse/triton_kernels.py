@@ -37,21 +37,6 @@ def _tile(n_lines, T, L2_ROWS, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr):
 
 
 @jit
-def _l2_prefetch(ptr, nbytes):
-    """Ask the copy engine to bring ``nbytes`` from ``ptr`` into L2 and go on (Hopper's
-    ``cp.async.bulk.prefetch``, sm_90 and newer): one thread of the program issues it, on the
-    range widened to 16-byte bounds as the instruction needs; 0 bytes issue nothing. A hint: no
-    result, no wait, no fault past the tensor's end (the range is the caller's own blocks)."""
-    start = ptr.to(tl.int64)
-    first = start // 16 * 16
-    size = tl.where(nbytes > 0, (start + nbytes + 15) // 16 * 16 - first, 0).to(tl.int32)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p, q; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; setp.ne.u32 q, $2, 0; "
-        "and.pred p, p, q; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [first, size], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@jit
 def _fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, row_ptr_ptr, T, K_IN, N_OUT, T_BUCKET,
                 L2_ROWS, DEPTH, BH: tl.constexpr, BW: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
                 PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -107,8 +92,7 @@ def _fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, row_p
 @jit
 def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, row_ptr_ptr, T, K_IN, N_OUT, NNZ, CHUNK,
                    BH: tl.constexpr, BW: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
-                   BLOCK_K: tl.constexpr, SEARCH: tl.constexpr, BLOCK_M: tl.constexpr, WAVES,
-                   PREFETCH: tl.constexpr):
+                   BLOCK_K: tl.constexpr, SEARCH: tl.constexpr, BLOCK_M: tl.constexpr, WAVES):
     """The forward at decode sizes (all T tokens in one tile of BLOCK_M rows): program ``p`` takes
     the kept blocks ``p * CHUNK`` to ``(p + 1) * CHUNK`` of the row-major list, whichever block-rows
     they belong to, so every program streams the same bytes of ``w`` however the rows' lengths vary
@@ -120,23 +104,10 @@ def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, ro
     last: its fp32 partial goes to ``part`` slot ``2p`` (the row began before the range) or
     ``2p + 1`` (it begins inside), and the program counts itself in ``count[row]`` (int32, zero
     between launches); the last of the row's programs to arrive adds the partials in program order
-    (deterministic), adds the bias, stores the row and sets the count back to zero.
-
-    PREFETCH (tuned; Hopper's copy engine only): 0 fetches each block as its turn comes; -1 asks
-    for the program's whole run into L2 before anything else (one instruction: the run is
-    contiguous in ``w``), so its bytes are on the way while the program searches ``row_ptr`` and
-    through every cut row's partial sum; D > 0 asks for the first D blocks so and then keeps D
-    blocks ahead of the loop."""
+    (deterministic), adds the bias, stores the row and sets the count back to zero."""
     p = tl.program_id(0)
     lo = p * CHUNK
     hi = tl.minimum(lo + CHUNK, NNZ)
-    BLOCK_BYTES: tl.constexpr = BH * BW * (w_ptr.dtype.element_ty.primitive_bitwidth // 8)
-    if PREFETCH != 0:
-        if PREFETCH < 0:
-            ahead = hi - lo
-        else:
-            ahead = tl.minimum(hi - lo, PREFETCH)
-        _l2_prefetch(w_ptr + lo.to(tl.int64) * (BH * BW), ahead.to(tl.int64) * BLOCK_BYTES)
     n_rows = N_OUT // BH
     # the rows owned: from the first whose blocks reach past lo (an empty row starting at lo
     # included) to the last that starts before hi; found by counting over row_ptr
@@ -167,10 +138,6 @@ def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, ro
             kk = (it % KSTEPS) * BLOCK_K
             # w first: its address needs no index, so its bytes are on the way while cols[kb] comes in
             wt = tl.load(w_ptr + kb.to(tl.int64) * (BH * BW) + (kk + offs_k)[:, None] + offs_h[None, :] * BW)
-            if PREFETCH > 0:
-                nxt = kb + PREFETCH
-                _l2_prefetch(w_ptr + nxt.to(tl.int64) * (BH * BW),
-                             tl.where((kk == 0) & (nxt < hi), BLOCK_BYTES, 0).to(tl.int64))
             c = tl.load(cols_ptr + kb)
             xt = tl.load(x_rows + (c * BW + kk + offs_k)[None, :], mask=m_ok[:, None], other=0.0)
             acc = tl.dot(xt, wt, acc, input_precision=PRECISION)

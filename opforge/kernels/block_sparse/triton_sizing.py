@@ -260,28 +260,23 @@ DECODE_PIPES = ((4, 4), (4, 6), (8, 6), (4, 8))
 """The decode forward's (warps, stages) candidates, the untimed choice first."""
 
 
-DECODE_PREFETCH = (0, -1, 4, 16)
-"""The decode forward's L2 prefetch candidates (``PREFETCH``: none, a program's whole run at its
-start, or that many blocks ahead), the untimed choice first; all but none need the copy engine."""
-
-
 def decode_configs():
     """The decode forward's candidates: a token tile of 16, 32 or 64 rows (the one that holds the
-    call's tokens runs: ``decode_fits``) by each pipeline of ``DECODE_PIPES``, each count of
-    programs per SM of ``DECODE_WAVES`` and each prefetch of ``DECODE_PREFETCH``."""
-    return [triton.Config({"BLOCK_M": m, "WAVES": waves, "PREFETCH": ahead}, num_warps=w, num_stages=st)
-            for m in (16, 32, 64) for ahead in DECODE_PREFETCH for w, st in DECODE_PIPES for waves in DECODE_WAVES]
+    call's tokens runs: ``decode_fits``) by each pipeline of ``DECODE_PIPES`` and each count of
+    programs per SM of ``DECODE_WAVES``."""
+    return [triton.Config({"BLOCK_M": m, "WAVES": waves}, num_warps=w, num_stages=st)
+            for m in (16, 32, 64) for w, st in DECODE_PIPES for waves in DECODE_WAVES]
 
 
 def decode_block_k(bw: int) -> int:
     return min(bw, 64)
 
 
-def decode_fits(c, tokens: int, bh: int, bw: int, size: int, copy_engine: bool) -> bool:
-    """The tile that holds all the tokens (rounded up to a power of two, 16 or more), buffers
-    that fit in shared memory, and a prefetch only where the copy engine is (sm_90 and newer)."""
+def decode_fits(c, tokens: int, bh: int, bw: int, size: int) -> bool:
+    """The tile that holds all the tokens (rounded up to a power of two, 16 or more), and buffers
+    that fit in shared memory."""
     k = decode_block_k(bw)
-    return (c.kwargs["BLOCK_M"] == max(16, pow2(tokens)) and (copy_engine or c.kwargs["PREFETCH"] == 0)
+    return (c.kwargs["BLOCK_M"] == max(16, pow2(tokens))
             and (c.kwargs["BLOCK_M"] + bh) * k * size * _buffers(c.num_stages) <= 200 * 1024)
 
 
