@@ -15,14 +15,10 @@ try:
         from triton.tools.tensor_descriptor import TensorDescriptor
     except ImportError:
         TensorDescriptor = None
-    try:  # grid dependency control, for programmatic dependent launch (triton >= 3.4)
-        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-    except ImportError:
-        gdc_launch_dependents = gdc_wait = None
 except ImportError:
-    triton = tl = TensorDescriptor = gdc_launch_dependents = gdc_wait = None
+    triton = tl = TensorDescriptor = None
 
     def jit(fn):
         return fn
 
-__all__ = ["TensorDescriptor", "gdc_launch_dependents", "gdc_wait", "jit", "tl", "triton"]
+__all__ = ["TensorDescriptor", "jit", "tl", "triton"]

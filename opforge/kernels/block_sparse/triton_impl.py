@@ -190,7 +190,7 @@ def _decode_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms):
     def build(c):
         facts, chunk, programs = facts_of(c)
         return ((programs,), _fwd_prefix(facts, x, w, b, y, cols, row_ptr),
-                (tokens, in_features, out_features, nnz, chunk, bh, bw, has_bias, prec, block_k, search, 0))
+                (tokens, in_features, out_features, nnz, chunk, bh, bw, has_bias, prec, block_k, search))
     key = ("decode", x.dtype, prec, bucket(tokens), bh, bw, bucket(nnz), depth(nnz, grid_r), has_bias)
     plan = _plan("decode", key, x.device.index, build, lambda c: decode_fits(c, tokens, bh, bw, size))
     plan.facts = facts_of(plan.choice)[0]

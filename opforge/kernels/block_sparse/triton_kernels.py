@@ -16,7 +16,7 @@ checks that coordinates fit).
 
 from __future__ import annotations
 
-from ..triton_compat import gdc_launch_dependents, gdc_wait, jit, tl
+from ..triton_compat import jit, tl
 
 
 @jit
@@ -34,21 +34,6 @@ def _tile(n_lines, T, L2_ROWS, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr):
     pid_m = first_m + (pid % per_group) % size_m
     line = (pid % per_group) // size_m
     return line, pid_m
-
-
-@jit
-def _l2_prefetch(ptr, nbytes):
-    """Ask the copy engine to bring ``nbytes`` from ``ptr`` into L2 and go on (Hopper's
-    ``cp.async.bulk.prefetch``, sm_90 and newer): one thread of the program issues it, on the
-    range widened to 16-byte bounds as the instruction needs; 0 bytes issue nothing. A hint: no
-    result, no wait, and L2 stays coherent with any later write to the range."""
-    start = ptr.to(tl.int64)
-    first = start // 16 * 16
-    size = tl.where(nbytes > 0, (start + nbytes + 15) // 16 * 16 - first, 0).to(tl.int32)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p, q; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; setp.ne.u32 q, $2, 0; "
-        "and.pred p, p, q; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [first, size], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @jit
@@ -107,7 +92,7 @@ def _fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, row_p
 @jit
 def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, row_ptr_ptr, T, K_IN, N_OUT, NNZ, CHUNK,
                    BH: tl.constexpr, BW: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
-                   BLOCK_K: tl.constexpr, SEARCH: tl.constexpr, PDL: tl.constexpr, BLOCK_M: tl.constexpr, WAVES):
+                   BLOCK_K: tl.constexpr, SEARCH: tl.constexpr, BLOCK_M: tl.constexpr, WAVES):
     """The forward at decode sizes (all T tokens in one tile of BLOCK_M rows): program ``p`` takes
     the kept blocks ``p * CHUNK`` to ``(p + 1) * CHUNK`` of the row-major list, whichever block-rows
     they belong to, so every program streams the same bytes of ``w`` however the rows' lengths vary
@@ -119,22 +104,10 @@ def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, ro
     last: its fp32 partial goes to ``part`` slot ``2p`` (the row began before the range) or
     ``2p + 1`` (it begins inside), and the program counts itself in ``count[row]`` (int32, zero
     between launches); the last of the row's programs to arrive adds the partials in program order
-    (deterministic), adds the bias, stores the row and sets the count back to zero.
-
-    PDL (launched with programmatic dependent launch, Hopper and newer): 1 lets the next kernel's
-    programs start as soon as all of this one's have, and waits for the kernel before it to finish
-    before reading or writing anything; 2 also asks for the program's run of ``w`` into L2 before
-    that wait (the weight of a decode step is no earlier kernel's output, and L2 stays coherent
-    with a write to it)."""
+    (deterministic), adds the bias, stores the row and sets the count back to zero."""
     p = tl.program_id(0)
     lo = p * CHUNK
     hi = tl.minimum(lo + CHUNK, NNZ)
-    if PDL != 0:
-        gdc_launch_dependents()
-        if PDL == 2:
-            _l2_prefetch(w_ptr + lo.to(tl.int64) * (BH * BW),
-                         (hi - lo).to(tl.int64) * (BH * BW * (w_ptr.dtype.element_ty.primitive_bitwidth // 8)))
-        gdc_wait()
     n_rows = N_OUT // BH
     # the rows owned: from the first whose blocks reach past lo (an empty row starting at lo
     # included) to the last that starts before hi; found by counting over row_ptr

@@ -65,7 +65,7 @@ def run_kernel(lay, w, x, b, chunk: int, block_m: int):
     triton_kernels._decode_kernel[(programs,)](
         x, w, b if b is not None else w, y, part, counts, idx.cols, idx.row_ptr, tokens, k_in, n_out, nnz, chunk,
         BH=bh, BW=bw, HAS_BIAS=b is not None, PRECISION="tf32", BLOCK_K=triton_sizing.decode_block_k(bw),
-        SEARCH=triton_sizing.decode_search(n_out // bh), PDL=0, BLOCK_M=block_m, WAVES=1)
+        SEARCH=triton_sizing.decode_search(n_out // bh), BLOCK_M=block_m, WAVES=1)
     assert counts.eq(0).all()
     return y
 
