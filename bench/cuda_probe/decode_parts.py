@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from block_sparse_decode import graph_us
 
 CONFIGS = [(waves, w, s) for waves in (1, 2, 3, 4, 6) for w, s in ((4, 6), (4, 8))]
-VARIANTS = {"owner": 1, "mid-run": 0}
+VARIANTS = {"mid-run": 0, "owner-last": 1, "owner-first": 2}
 
 
 def main() -> None:
@@ -43,7 +43,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="4096x14336,14336x4096")
     ap.add_argument("--tokens", default="1,16,64")
     ap.add_argument("--densities", default="0.5,0.25,0.1")
-    ap.add_argument("--variants", default="owner,mid-run")
+    ap.add_argument("--variants", default="mid-run,owner-last,owner-first")
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--json")
     args = ap.parse_args()

@@ -135,7 +135,10 @@ def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, ro
         f_hi = tl.load(row_ptr_ptr + first + 1, mask=some, other=0)
         l_hi = tl.load(row_ptr_ptr + end, mask=some, other=0)
         head = some & (l_hi > hi)  # the last row goes on past the run: its partial first
-        owned = some & (f_lo < lo) & (f_hi <= hi)  # the first began before the run and ends in it: last
+        owned = some & (f_lo < lo) & (f_hi <= hi)  # the first began before the run and ends in it
+        mine = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
+        if (OWNER == 2) & owned:  # its own blocks first; the others' partials added at the end
+            mine = _decode_run(x_ptr, w_ptr, cols_ptr, mine, lo, f_hi, T, K_IN, BH, BW, PRECISION, BLOCK_K, BLOCK_M)
         if head:
             acc = _decode_run(x_ptr, w_ptr, cols_ptr, tl.zeros((BLOCK_M, BH), dtype=tl.float32),
                               tl.maximum(tl.load(row_ptr_ptr + end - 1), lo), hi, T, K_IN, BH, BW, PRECISION,
@@ -157,7 +160,11 @@ def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, ro
             for q in range(q0, p):
                 acc += tl.load(part_ptr + q * T * BH + tile, mask=m_ok[:, None], other=0.0,
                                cache_modifier=".cg")  # slots * T * BH fits int32 (a few MB of partials)
-            acc = _decode_run(x_ptr, w_ptr, cols_ptr, acc, lo, f_hi, T, K_IN, BH, BW, PRECISION, BLOCK_K, BLOCK_M)
+            if OWNER == 1:  # its own blocks last, their loads under way while the partials come in
+                acc = _decode_run(x_ptr, w_ptr, cols_ptr, acc, lo, f_hi, T, K_IN, BH, BW, PRECISION, BLOCK_K,
+                                  BLOCK_M)
+            else:
+                acc += mine
             _decode_store(y_ptr, b_ptr, acc, first, T, N_OUT, BH, HAS_BIAS, BLOCK_M)
             tl.atomic_xchg(count_ptr + first, 0)
     else:

@@ -260,10 +260,11 @@ DECODE_PIPES = ((4, 4), (4, 6), (8, 6), (4, 8))
 """The decode forward's (warps, stages) candidates, the untimed choice first."""
 
 
-DECODE_OWNERS = (0, 1)
+DECODE_OWNERS = (0, 1, 2)
 """How the decode forward finishes a block-row its runs cut (``OWNER``), the untimed choice first:
-0, the last of the row's programs to arrive adds the partials; 1, the program holding the row's
-end waits for the others' partials, which they store first thing."""
+0, the last of the row's programs to arrive adds the partials; 1 and 2, the program holding the
+row's end waits for the others' partials, which they store first thing, and does its own blocks of
+the row last (1) or first (2)."""
 
 
 def decode_configs():
