@@ -185,7 +185,7 @@ def _decode_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms):
 
     def facts_of(c):
         chunk, programs = decode_chunk(nnz, c.kwargs["WAVES"], sms)
-        return (_DECODE, 2 * programs, grid_r), chunk, programs
+        return (_DECODE, programs, grid_r), chunk, programs
 
     def build(c):
         facts, chunk, programs = facts_of(c)

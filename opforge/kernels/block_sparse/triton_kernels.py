@@ -92,7 +92,7 @@ def _fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, row_p
 @jit
 def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, row_ptr_ptr, T, K_IN, N_OUT, NNZ, CHUNK,
                    BH: tl.constexpr, BW: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
-                   BLOCK_K: tl.constexpr, SEARCH: tl.constexpr, OWNER: tl.constexpr, BLOCK_M: tl.constexpr, WAVES):
+                   BLOCK_K: tl.constexpr, SEARCH: tl.constexpr, BLOCK_M: tl.constexpr, WAVES):
     """The forward at decode sizes (all T tokens in one tile of BLOCK_M rows): program ``p`` takes
     the kept blocks ``p * CHUNK`` to ``(p + 1) * CHUNK`` of the row-major list, whichever block-rows
     they belong to, so every program streams the same bytes of ``w`` however the rows' lengths vary
@@ -101,14 +101,17 @@ def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, ro
     A program owns the block-rows its blocks belong to, and the empty ones that start inside its
     range (the last program: also those after the last block). A row wholly inside the range is
     stored at once (plus the bias). Only the first and the last row can be cut by the range:
-    * the last, if it goes on past the range: the program does it first, stores its fp32 partial
-      in ``part`` slot ``p`` and counts itself in ``count[row]`` (int32, zero between launches),
-      not waiting for the count;
-    * the first, if it began before the range and ends inside it: the program finishes it, last.
-      It waits until the row's earlier programs have all counted themselves (they did so first
-      thing), starts its sum from their partials in program order (deterministic), adds its own
-      blocks and the bias, stores the row and sets the count back to zero.
-    A program waits only on programs numbered below it, which start no later than it does."""
+    * the first, if it began before the range and ends inside it, is the program's to finish: it
+      sums its own blocks of the row first and keeps the sum;
+    * the last, if it goes on past the range: the program sums its blocks of it next, stores the
+      fp32 partial in ``part`` slot ``p`` and counts itself in ``count[row]`` (int32, zero between
+      launches) without waiting for the count;
+    * the rows in between; then, for the first row, the program waits until the row's earlier
+      programs have all counted themselves, adds their partials in program order (deterministic)
+      and the bias, stores the row and sets the count back to zero.
+    No round trip in the middle of a run, and the one wait is at the end, when the programs that
+    started with it are done. A program waits only on programs numbered below it, which start no
+    later than it does (blocks are dispatched in order, as serial split-K relies on)."""
     p = tl.program_id(0)
     lo = p * CHUNK
     hi = tl.minimum(lo + CHUNK, NNZ)
@@ -129,66 +132,38 @@ def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, ro
     offs_h = tl.arange(0, BH)
     m_ok = offs_m < T
     tile = offs_m.to(tl.int64)[:, None] * BH + offs_h[None, :]
-    if OWNER:
-        some = end > first
-        f_lo = tl.load(row_ptr_ptr + first, mask=some, other=0)
-        f_hi = tl.load(row_ptr_ptr + first + 1, mask=some, other=0)
-        l_hi = tl.load(row_ptr_ptr + end, mask=some, other=0)
-        head = some & (l_hi > hi)  # the last row goes on past the run: its partial first
-        owned = some & (f_lo < lo) & (f_hi <= hi)  # the first began before the run and ends in it
-        mine = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
-        if (OWNER == 2) & owned:  # its own blocks first; the others' partials added at the end
-            mine = _decode_run(x_ptr, w_ptr, cols_ptr, mine, lo, f_hi, T, K_IN, BH, BW, PRECISION, BLOCK_K, BLOCK_M)
-        if head:
-            acc = _decode_run(x_ptr, w_ptr, cols_ptr, tl.zeros((BLOCK_M, BH), dtype=tl.float32),
-                              tl.maximum(tl.load(row_ptr_ptr + end - 1), lo), hi, T, K_IN, BH, BW, PRECISION,
-                              BLOCK_K, BLOCK_M)
-            tl.store(part_ptr + p.to(tl.int64) * T * BH + tile, acc, mask=m_ok[:, None])
-            tl.debug_barrier()  # every thread's partial is stored before the count says so
-            tl.atomic_add(count_ptr + end - 1, 1, sem="release")
-        for r in range(first + owned.to(tl.int32), end - head.to(tl.int32)):
-            acc = _decode_run(x_ptr, w_ptr, cols_ptr, tl.zeros((BLOCK_M, BH), dtype=tl.float32),
-                              tl.load(row_ptr_ptr + r), tl.load(row_ptr_ptr + r + 1), T, K_IN, BH, BW, PRECISION,
-                              BLOCK_K, BLOCK_M)
-            _decode_store(y_ptr, b_ptr, acc, r, T, N_OUT, BH, HAS_BIAS, BLOCK_M)
-        if owned:
-            q0 = f_lo // CHUNK
+    some = end > first
+    f_lo = tl.load(row_ptr_ptr + first, mask=some, other=0)
+    f_hi = tl.load(row_ptr_ptr + first + 1, mask=some, other=0)
+    l_hi = tl.load(row_ptr_ptr + end, mask=some, other=0)
+    owned = some & (f_lo < lo) & (f_hi <= hi)  # the first row began before the run and ends in it
+    head = some & (l_hi > hi)  # the last row goes on past the run
+    mine = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
+    if owned:
+        mine = _decode_run(x_ptr, w_ptr, cols_ptr, mine, lo, f_hi, T, K_IN, BH, BW, PRECISION, BLOCK_K, BLOCK_M)
+    if head:
+        acc = _decode_run(x_ptr, w_ptr, cols_ptr, tl.zeros((BLOCK_M, BH), dtype=tl.float32),
+                          tl.maximum(tl.load(row_ptr_ptr + end - 1), lo), hi, T, K_IN, BH, BW, PRECISION, BLOCK_K,
+                          BLOCK_M)
+        tl.store(part_ptr + p.to(tl.int64) * T * BH + tile, acc, mask=m_ok[:, None])
+        tl.debug_barrier()  # every thread's partial is stored before the count says so
+        tl.atomic_add(count_ptr + end - 1, 1, sem="release")
+    for r in range(first + owned.to(tl.int32), end - head.to(tl.int32)):
+        acc = _decode_run(x_ptr, w_ptr, cols_ptr, tl.zeros((BLOCK_M, BH), dtype=tl.float32),
+                          tl.load(row_ptr_ptr + r), tl.load(row_ptr_ptr + r + 1), T, K_IN, BH, BW, PRECISION,
+                          BLOCK_K, BLOCK_M)
+        _decode_store(y_ptr, b_ptr, acc, r, T, N_OUT, BH, HAS_BIAS, BLOCK_M)
+    if owned:
+        q0 = f_lo // CHUNK
+        seen = tl.atomic_add(count_ptr + first, 0, sem="acquire")
+        while seen < p - q0:  # they counted themselves early in their runs: rarely waits
             seen = tl.atomic_add(count_ptr + first, 0, sem="acquire")
-            while seen < p - q0:  # the earlier programs counted themselves first thing: rarely waits
-                seen = tl.atomic_add(count_ptr + first, 0, sem="acquire")
-            acc = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
-            for q in range(q0, p):
-                acc += tl.load(part_ptr + q * T * BH + tile, mask=m_ok[:, None], other=0.0,
-                               cache_modifier=".cg")  # slots * T * BH fits int32 (a few MB of partials)
-            if OWNER == 1:  # its own blocks last, their loads under way while the partials come in
-                acc = _decode_run(x_ptr, w_ptr, cols_ptr, acc, lo, f_hi, T, K_IN, BH, BW, PRECISION, BLOCK_K,
-                                  BLOCK_M)
-            else:
-                acc += mine
-            _decode_store(y_ptr, b_ptr, acc, first, T, N_OUT, BH, HAS_BIAS, BLOCK_M)
-            tl.atomic_xchg(count_ptr + first, 0)
-    else:
-        for r in range(first, end):
-            r_lo = tl.load(row_ptr_ptr + r)
-            r_hi = tl.load(row_ptr_ptr + r + 1)
-            acc = _decode_run(x_ptr, w_ptr, cols_ptr, tl.zeros((BLOCK_M, BH), dtype=tl.float32),
-                              tl.maximum(r_lo, lo), tl.minimum(r_hi, hi), T, K_IN, BH, BW, PRECISION, BLOCK_K,
-                              BLOCK_M)
-            if (r_lo >= lo) & (r_hi <= hi):
-                _decode_store(y_ptr, b_ptr, acc, r, T, N_OUT, BH, HAS_BIAS, BLOCK_M)
-            else:
-                slot = 2 * p + (r_lo >= lo).to(tl.int32)
-                tl.store(part_ptr + slot.to(tl.int64) * T * BH + tile, acc, mask=m_ok[:, None])
-                tl.debug_barrier()  # every thread's partial is stored before the count says so
-                q0 = r_lo // CHUNK
-                q1 = (r_hi - 1) // CHUNK
-                if tl.atomic_add(count_ptr + r, 1, sem="acq_rel") == q1 - q0:  # the last one: add them up
-                    acc = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
-                    for q in range(q0, q1 + 1):
-                        at = (2 * q + (q == q0).to(tl.int64)) * T * BH
-                        acc += tl.load(part_ptr + at + tile, mask=m_ok[:, None], other=0.0, cache_modifier=".cg")
-                    _decode_store(y_ptr, b_ptr, acc, r, T, N_OUT, BH, HAS_BIAS, BLOCK_M)
-                    tl.atomic_xchg(count_ptr + r, 0)
+        acc = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
+        for q in range(q0, p):
+            acc += tl.load(part_ptr + q * T * BH + tile, mask=m_ok[:, None], other=0.0,
+                           cache_modifier=".cg")  # slots * T * BH fits int32 (a few MB of partials)
+        _decode_store(y_ptr, b_ptr, acc + mine, first, T, N_OUT, BH, HAS_BIAS, BLOCK_M)
+        tl.atomic_xchg(count_ptr + first, 0)
 
 
 @jit

@@ -260,19 +260,12 @@ DECODE_PIPES = ((4, 4), (4, 6), (8, 6), (4, 8))
 """The decode forward's (warps, stages) candidates, the untimed choice first."""
 
 
-DECODE_OWNERS = (0, 1, 2)
-"""How the decode forward finishes a block-row its runs cut (``OWNER``), the untimed choice first:
-0, the last of the row's programs to arrive adds the partials; 1 and 2, the program holding the
-row's end waits for the others' partials, which they store first thing, and does its own blocks of
-the row last (1) or first (2)."""
-
-
 def decode_configs():
-    """The decode forward's candidates: each way of finishing cut rows (``DECODE_OWNERS``) by a
-    token tile of 16, 32 or 64 rows (the one that holds the call's tokens runs: ``decode_fits``),
-    each pipeline of ``DECODE_PIPES`` and each count of programs per SM of ``DECODE_WAVES``."""
-    return [triton.Config({"OWNER": owner, "BLOCK_M": m, "WAVES": waves}, num_warps=w, num_stages=st)
-            for owner in DECODE_OWNERS for m in (16, 32, 64) for w, st in DECODE_PIPES for waves in DECODE_WAVES]
+    """The decode forward's candidates: a token tile of 16, 32 or 64 rows (the one that holds the
+    call's tokens runs: ``decode_fits``) by each pipeline of ``DECODE_PIPES`` and each count of
+    programs per SM of ``DECODE_WAVES``."""
+    return [triton.Config({"BLOCK_M": m, "WAVES": waves}, num_warps=w, num_stages=st)
+            for m in (16, 32, 64) for w, st in DECODE_PIPES for waves in DECODE_WAVES]
 
 
 def decode_block_k(bw: int) -> int:
@@ -315,6 +308,6 @@ def device_facts(device: torch.device) -> tuple[int, int, bool]:
 _DEVICES: dict = {}
 
 
-__all__ = ["DECODE_MAX_TOKENS", "DECODE_OWNERS", "DECODE_PIPES", "DECODE_WAVES", "KERNEL_DTYPES", "M_TILES", "SPLITS", "SPLIT_MAX_TOKENS", "TMA_MIN_TOKENS", "bucket", "cdiv",
+__all__ = ["DECODE_MAX_TOKENS", "DECODE_PIPES", "DECODE_WAVES", "KERNEL_DTYPES", "M_TILES", "SPLITS", "SPLIT_MAX_TOKENS", "TMA_MIN_TOKENS", "bucket", "cdiv",
            "decode_block_k", "decode_chunk", "decode_configs", "decode_fits", "decode_search", "decode_split", "depth", "device_facts", "dw_configs", "dw_fits", "fwd_configs", "has_tma", "m_configs",
            "m_fits", "pow2", "precision", "split_counts", "supported", "tma_ready"]

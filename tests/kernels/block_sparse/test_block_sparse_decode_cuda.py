@@ -52,7 +52,7 @@ def test_the_op_equals_masked_dense(tokens, block, dtype):
             close(block_sparse_linear(x, w, b, lay), ref, dtype)  # the counts were left at zero
 
 
-def run_kernel(lay, w, x, b, chunk: int, block_m: int, owner: int):
+def run_kernel(lay, w, x, b, chunk: int, block_m: int):
     """``_decode_kernel`` with an explicit run length (the host sizes it from the programs per SM)."""
     idx = lay.indices("cuda")
     nnz, bh, bw = w.shape
@@ -60,28 +60,27 @@ def run_kernel(lay, w, x, b, chunk: int, block_m: int, owner: int):
     n_out = lay.shape[0]
     programs = max(1, -(-nnz // chunk))
     y = torch.full((tokens, n_out), float("nan"), device="cuda", dtype=x.dtype)
-    part = torch.full((2 * programs, tokens, bh), float("nan"), device="cuda")
+    part = torch.full((programs, tokens, bh), float("nan"), device="cuda")  # a slot per program
     counts = torch.zeros(n_out // bh, dtype=torch.int32, device="cuda")
     triton_kernels._decode_kernel[(programs,)](
         x, w, b if b is not None else w, y, part, counts, idx.cols, idx.row_ptr, tokens, k_in, n_out, nnz, chunk,
         BH=bh, BW=bw, HAS_BIAS=b is not None, PRECISION="tf32", BLOCK_K=triton_sizing.decode_block_k(bw),
-        SEARCH=triton_sizing.decode_search(n_out // bh), OWNER=owner, BLOCK_M=block_m, WAVES=1)
+        SEARCH=triton_sizing.decode_search(n_out // bh), BLOCK_M=block_m, WAVES=1)
     assert counts.eq(0).all()
     return y
 
 
-@pytest.mark.parametrize("owner", triton_sizing.DECODE_OWNERS)
 @pytest.mark.parametrize("block", [(16, 16), (64, 64), (128, 64)], ids=lambda b: f"{b[0]}x{b[1]}")
 @pytest.mark.parametrize("tokens", [1, 17, 64])
-def test_every_way_the_runs_cut_the_rows(tokens, block, owner):
+def test_every_way_the_runs_cut_the_rows(tokens, block):
     """Runs of 1, 2, 3, 5 and 7 blocks, one run of all, one longer than all: rows wholly inside a
     run, rows cut at one or both ends, rows over many runs, empty rows at a run's start and after
-    the last block; each way of finishing a cut row (the last to arrive, or the row's end's owner)."""
+    the last block; a row finished by the program holding its end, after the others' partials."""
     block_m = max(16, triton_sizing.pow2(tokens))
     for _, mask in layouts(block[0]):
         lay, w, x, b, ref = case(mask, block, tokens, torch.float16)
         for chunk in sorted({1, 2, 3, 5, 7, max(1, lay.nnz), lay.nnz + 4}):
-            close(run_kernel(lay, w, x, b, chunk, block_m, owner), ref, torch.float16)
+            close(run_kernel(lay, w, x, b, chunk, block_m), ref, torch.float16)
 
 
 def test_a_real_model_size_with_uneven_rows():
