@@ -17,8 +17,8 @@ from ..triton_compat import triton
 from ..triton_launch import Plan, Route, TunedKernel
 from ..triton_tma import Described
 from . import pairs
+from .triton_decode import _decode_kernel
 from .triton_kernels import (
-    _decode_kernel,
     _dw_kernel,
     _dx_kernel,
     _dx_tma_kernel,

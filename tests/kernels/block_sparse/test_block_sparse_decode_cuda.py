@@ -11,7 +11,7 @@ import torch
 from block_sparse_cases import case, close
 
 import opforge.ops  # noqa: F401
-from opforge.kernels.block_sparse import triton_kernels, triton_sizing
+from opforge.kernels.block_sparse import triton_decode, triton_sizing
 from opforge.kernels.block_sparse.layout import BlockSparseLayout
 from opforge.ops import block_sparse_linear
 
@@ -62,7 +62,7 @@ def run_kernel(lay, w, x, b, chunk: int, block_m: int):
     y = torch.full((tokens, n_out), float("nan"), device="cuda", dtype=x.dtype)
     part = torch.full((programs, tokens, bh), float("nan"), device="cuda")  # a slot per program
     counts = torch.zeros(n_out // bh, dtype=torch.int32, device="cuda")
-    triton_kernels._decode_kernel[(programs,)](
+    triton_decode._decode_kernel[(programs,)](
         x, w, b if b is not None else w, y, part, counts, idx.cols, idx.row_ptr, tokens, k_in, n_out, nnz, chunk,
         BH=bh, BW=bw, HAS_BIAS=b is not None, PRECISION="tf32", BLOCK_K=triton_sizing.decode_block_k(bw),
         SEARCH=triton_sizing.decode_search(n_out // bh), BLOCK_M=block_m, WAVES=1)

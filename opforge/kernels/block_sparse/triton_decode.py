@@ -1,0 +1,116 @@
+"""The block-sparse forward at decode sizes (up to ``DECODE_MAX_TOKENS`` tokens, issue 35):
+``_decode_kernel``, equal runs of the kept blocks per program whatever rows they fall in, and the
+way it finishes the rows its runs cut (``triton_impl.py`` plans and launches it, beside the
+kernels of ``triton_kernels.py``)."""
+
+from __future__ import annotations
+
+from ..triton_compat import jit, tl
+
+
+@jit
+def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, row_ptr_ptr, T, K_IN, N_OUT, NNZ, CHUNK,
+                   BH: tl.constexpr, BW: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+                   BLOCK_K: tl.constexpr, SEARCH: tl.constexpr, BLOCK_M: tl.constexpr, WAVES):
+    """The forward at decode sizes (all T tokens in one tile of BLOCK_M rows): program ``p`` takes
+    the kept blocks ``p * CHUNK`` to ``(p + 1) * CHUNK`` of the row-major list, whichever block-rows
+    they belong to, so every program streams the same bytes of ``w`` however the rows' lengths vary
+    (WAVES, tuned, is the programs per SM the host sized CHUNK for; the kernel doesn't read it).
+
+    A program owns the block-rows its blocks belong to, and the empty ones that start inside its
+    range (the last program: also those after the last block). A row wholly inside the range is
+    stored at once (plus the bias). Only the first and the last row can be cut by the range:
+    * the first, if it began before the range and ends inside it, is the program's to finish: it
+      sums its own blocks of the row first and keeps the sum;
+    * the last, if it goes on past the range: the program sums its blocks of it next, stores the
+      fp32 partial in ``part`` slot ``p`` and counts itself in ``count[row]`` (int32, zero between
+      launches) without waiting for the count;
+    * the rows in between; then, for the first row, the program waits until the row's earlier
+      programs have all counted themselves, adds their partials in program order (deterministic)
+      and the bias, stores the row and sets the count back to zero.
+    No round trip in the middle of a run, and the one wait is at the end, when the programs that
+    started with it are done. A program waits only on programs numbered below it, which start no
+    later than it does (blocks are dispatched in order, as serial split-K relies on)."""
+    p = tl.program_id(0)
+    lo = p * CHUNK
+    hi = tl.minimum(lo + CHUNK, NNZ)
+    n_rows = N_OUT // BH
+    # the rows owned: from the first whose blocks reach past lo (an empty row starting at lo
+    # included) to the last that starts before hi; found by counting over row_ptr
+    first = 0
+    end = 0
+    for r0 in range(0, n_rows, SEARCH):
+        rr = r0 + tl.arange(0, SEARCH)
+        ok = rr < n_rows
+        starts = tl.load(row_ptr_ptr + rr, mask=ok, other=NNZ + 1)
+        ends = tl.load(row_ptr_ptr + rr + 1, mask=ok, other=NNZ + 1)
+        first += tl.sum(((ends <= lo) & (starts < lo)).to(tl.int32), axis=0)
+        end += tl.sum((starts < hi).to(tl.int32), axis=0)
+    end = tl.where(hi >= NNZ, n_rows, end)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_h = tl.arange(0, BH)
+    m_ok = offs_m < T
+    tile = offs_m.to(tl.int64)[:, None] * BH + offs_h[None, :]
+    some = end > first
+    f_lo = tl.load(row_ptr_ptr + first, mask=some, other=0)
+    f_hi = tl.load(row_ptr_ptr + first + 1, mask=some, other=0)
+    l_hi = tl.load(row_ptr_ptr + end, mask=some, other=0)
+    owned = some & (f_lo < lo) & (f_hi <= hi)  # the first row began before the run and ends in it
+    head = some & (l_hi > hi)  # the last row goes on past the run
+    mine = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
+    if owned:
+        mine = _decode_run(x_ptr, w_ptr, cols_ptr, mine, lo, f_hi, T, K_IN, BH, BW, PRECISION, BLOCK_K, BLOCK_M)
+    if head:
+        acc = _decode_run(x_ptr, w_ptr, cols_ptr, tl.zeros((BLOCK_M, BH), dtype=tl.float32),
+                          tl.maximum(tl.load(row_ptr_ptr + end - 1), lo), hi, T, K_IN, BH, BW, PRECISION, BLOCK_K,
+                          BLOCK_M)
+        tl.store(part_ptr + p.to(tl.int64) * T * BH + tile, acc, mask=m_ok[:, None])
+        tl.debug_barrier()  # every thread's partial is stored before the count says so
+        tl.atomic_add(count_ptr + end - 1, 1, sem="release")
+    for r in range(first + owned.to(tl.int32), end - head.to(tl.int32)):
+        acc = _decode_run(x_ptr, w_ptr, cols_ptr, tl.zeros((BLOCK_M, BH), dtype=tl.float32),
+                          tl.load(row_ptr_ptr + r), tl.load(row_ptr_ptr + r + 1), T, K_IN, BH, BW, PRECISION,
+                          BLOCK_K, BLOCK_M)
+        _decode_store(y_ptr, b_ptr, acc, r, T, N_OUT, BH, HAS_BIAS, BLOCK_M)
+    if owned:
+        q0 = f_lo // CHUNK
+        seen = tl.atomic_add(count_ptr + first, 0, sem="acquire")
+        while seen < p - q0:  # they counted themselves early in their runs: rarely waits
+            seen = tl.atomic_add(count_ptr + first, 0, sem="acquire")
+        acc = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
+        for q in range(q0, p):
+            acc += tl.load(part_ptr + q * T * BH + tile, mask=m_ok[:, None], other=0.0,
+                           cache_modifier=".cg")  # slots * T * BH fits int32 (a few MB of partials)
+        _decode_store(y_ptr, b_ptr, acc + mine, first, T, N_OUT, BH, HAS_BIAS, BLOCK_M)
+        tl.atomic_xchg(count_ptr + first, 0)
+
+
+@jit
+def _decode_run(x_ptr, w_ptr, cols_ptr, acc, s, e, T, K_IN, BH: tl.constexpr, BW: tl.constexpr,
+                PRECISION: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr):
+    """``acc`` plus the products of blocks ``s`` to ``e`` of the list (one block-row's) with x."""
+    KSTEPS: tl.constexpr = BW // BLOCK_K
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_h = tl.arange(0, BH)
+    offs_k = tl.arange(0, BLOCK_K)
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * K_IN
+    for it in range(0, (e - s) * KSTEPS):
+        kb = s + it // KSTEPS
+        kk = (it % KSTEPS) * BLOCK_K
+        # w first: its address needs no index, so its bytes are on the way while cols[kb] comes in
+        wt = tl.load(w_ptr + kb.to(tl.int64) * (BH * BW) + (kk + offs_k)[:, None] + offs_h[None, :] * BW)
+        c = tl.load(cols_ptr + kb)
+        xt = tl.load(x_rows + (c * BW + kk + offs_k)[None, :], mask=(offs_m < T)[:, None], other=0.0)
+        acc = tl.dot(xt, wt, acc, input_precision=PRECISION)
+    return acc
+
+
+@jit
+def _decode_store(y_ptr, b_ptr, acc, r, T, N_OUT, BH: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Block-row ``r`` of y: ``acc`` plus the bias."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_h = tl.arange(0, BH)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + r * BH + offs_h).to(tl.float32)[None, :]
+    out = y_ptr + offs_m.to(tl.int64)[:, None] * N_OUT + (r * BH + offs_h)[None, :]
+    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < T)[:, None])
