@@ -83,6 +83,36 @@ def test_every_way_the_runs_cut_the_rows(tokens, block):
             close(run_kernel(lay, w, x, b, chunk, block_m), ref, torch.float16)
 
 
+@pytest.mark.parametrize("block", [(16, 16), (64, 64)], ids=lambda b: f"{b[0]}x{b[1]}")
+def test_many_small_layouts_every_run_length_twice(block):
+    """The fuzz's tiny grids (1-4 x 1-4 blocks, any density) with every run length, each launch
+    made twice in a row: a row finished by its owner after up to 15 other programs' partials (slots
+    NaN until written), and the counts back at zero for the next launch."""
+    g = torch.Generator().manual_seed(block[0])
+    for trial in range(40):
+        grid = (int(torch.randint(1, 5, (1,), generator=g)), int(torch.randint(1, 5, (1,), generator=g)))
+        mask = torch.rand(grid, generator=g) < float(torch.rand(1, generator=g))
+        tokens = (1, 5, 33)[trial % 3]
+        lay, w, x, b, ref = case(mask, block, tokens, torch.float16, bias=trial % 2 == 0, seed=trial)
+        for chunk in range(1, lay.nnz + 2):
+            for _ in range(2):
+                close(run_kernel(lay, w, x, b, chunk, max(16, triton_sizing.pow2(tokens))), ref, torch.float16)
+
+
+def test_fp32_through_the_op():
+    """fp32 at decode sizes, ieee and tf32 (the kernel's precision follows torch's flag)."""
+    lay, w, x, b, ref = case(ragged(6), (32, 32), 17, torch.float32)
+    old = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        close(block_sparse_linear(x, w, b, lay), ref, torch.float32)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.testing.assert_close(block_sparse_linear(x, w, b, lay).double(), ref, rtol=5e-3,
+                                   atol=5e-3 * ref.abs().max().item())
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
 def test_a_real_model_size_with_uneven_rows():
     """4096 -> 14336 in 64-blocks with rows from empty to full (``by_magnitude`` of a weight whose
     rows' scales differ), at T = 1 and 64, through the tuned path."""
