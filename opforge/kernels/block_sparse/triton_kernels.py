@@ -166,18 +166,8 @@ def _fwd_pair_kernel(x_desc, w_desc, b_ptr, y_ptr, seg_ptr, pcol_ptr, pia_ptr, p
         wb = w_desc.load([tl.load(pib_ptr + e) * BH, kk])
         acc_a = tl.dot(xt, wa.T, acc_a, input_precision=PRECISION)
         acc_b = tl.dot(xt, wb.T, acc_b, input_precision=PRECISION)
-    for it in range(s1 * KSTEPS, s2 * KSTEPS):  # the first row's own
-        e = it // KSTEPS
-        kk = (it % KSTEPS) * BLOCK_K
-        xt = x_desc.load([m0, tl.load(pcol_ptr + e) * BW + kk])
-        wa = w_desc.load([tl.load(pia_ptr + e) * BH, kk])
-        acc_a = tl.dot(xt, wa.T, acc_a, input_precision=PRECISION)
-    for it in range(s2 * KSTEPS, s3 * KSTEPS):  # the second row's own
-        e = it // KSTEPS
-        kk = (it % KSTEPS) * BLOCK_K
-        xt = x_desc.load([m0, tl.load(pcol_ptr + e) * BW + kk])
-        wb = w_desc.load([tl.load(pib_ptr + e) * BH, kk])
-        acc_b = tl.dot(xt, wb.T, acc_b, input_precision=PRECISION)
+    acc_a = _pair_own(x_desc, w_desc, pcol_ptr, pia_ptr, acc_a, s1, s2, m0, BH, BW, PRECISION, BLOCK_K)
+    acc_b = _pair_own(x_desc, w_desc, pcol_ptr, pib_ptr, acc_b, s2, s3, m0, BH, BW, PRECISION, BLOCK_K)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_h = tl.arange(0, BH)
     ra, rb = 2 * p, 2 * p + 1
@@ -188,6 +178,21 @@ def _fwd_pair_kernel(x_desc, w_desc, b_ptr, y_ptr, seg_ptr, pcol_ptr, pia_ptr, p
     m_ok = (offs_m < T)[:, None]
     tl.store(rows + (ra * BH + offs_h)[None, :], acc_a.to(y_ptr.dtype.element_ty), mask=m_ok)
     tl.store(rows + (rb * BH + offs_h)[None, :], acc_b.to(y_ptr.dtype.element_ty), mask=m_ok & (rb < n_rows))
+
+
+@jit
+def _pair_own(x_desc, w_desc, pcol_ptr, pi_ptr, acc, s, e, m0, BH: tl.constexpr, BW: tl.constexpr,
+              PRECISION: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``_fwd_pair_kernel``'s run of one row's own columns (entries ``s`` to ``e`` of the pair lists,
+    that row's block indices in ``pi``) added to ``acc``: the first row's, then the second's."""
+    KSTEPS: tl.constexpr = BW // BLOCK_K
+    for it in range(s * KSTEPS, e * KSTEPS):
+        j = it // KSTEPS
+        kk = (it % KSTEPS) * BLOCK_K
+        xt = x_desc.load([m0, tl.load(pcol_ptr + j) * BW + kk])
+        wt = w_desc.load([tl.load(pi_ptr + j) * BH, kk])
+        acc = tl.dot(xt, wt.T, acc, input_precision=PRECISION)
+    return acc
 
 
 @jit
