@@ -405,8 +405,14 @@ def test_a_claim_has_one_winner_and_announce_beats_it(tmp_path, store_kind, requ
     assert first is not None and first.gen == 0 and first.age < 5
     stop = remote_wait.announce(spec, s, reporter)  # adopts the claim (generation 0), no new marker
     try:
-        time.sleep(1.2)
+        # A WebDAV listing dates a file to the second (HTTP dates; WsgiDAV's etag too), so beats 0.3 s apart
+        # within one second look the same: poll until a beat lands in a later second (the real HEARTBEAT, 2 s,
+        # always does), and fail if none has within 6 s.
+        deadline = time.monotonic() + 6
         second = watches[0].look().marker
+        while second.version == first.version and time.monotonic() < deadline:
+            time.sleep(0.2)
+            second = watches[0].look().marker
         assert second.gen == 0 and second.version != first.version, (first, second)
     finally:
         stop()
