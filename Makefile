@@ -9,6 +9,11 @@ CLIENTS := $(VENV)/.opforge-clients
 DEEPSPEED_SPEC ?= deepspeed==0.19.8
 COLOSSALAI_SPEC ?= colossalai==0.5.0
 TORCH_SPEC ?= torch==2.13.0
+# triton, for the kernels' tests in its interpreter on CPU tensors (tests/kernels/*/test_*_triton.py,
+# test_block_sparse_interpreted.py): the version torch 2.11-2.13's CUDA builds take. Where no wheel
+# installs, those tests skip (.ci/run makes that a failure: OPFORGE_TEST_REQUIRE_TRITON=1).
+TRITON_SPEC ?= triton==3.6.0
+INTERP  := $(VENV)/.opforge-triton
 # Two pytest-xdist workers, a test file each at a time (its module fixtures built once): the suite's
 # compiles and subprocesses use one core each, so 2 cores take about 0.65x of one process's time. The
 # builds that need torch's headers still happen once per run (tests/conftest.py: shared_cache).
@@ -38,7 +43,12 @@ $(CLIENTS): $(STAMP)
 	$(VPY) -m pip download -q --no-deps --no-binary :all: -d $(VENV)/clients "$(COLOSSALAI_SPEC)"
 	@touch $(CLIENTS)
 
-test: $(STAMP) $(CLIENTS)
+$(INTERP): $(STAMP)
+	@$(VPY) -c "import triton" 2>/dev/null || $(VPY) -m pip install -q "$(TRITON_SPEC)" || \
+	  echo "make: no $(TRITON_SPEC) wheel installs here: the kernels' interpreter tests will skip"
+	@touch $(INTERP)
+
+test: $(STAMP) $(CLIENTS) $(INTERP)
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)

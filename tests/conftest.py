@@ -248,6 +248,17 @@ def has_cuda() -> bool:
         return False
 
 
+def triton_or_skip():
+    """triton, for the kernels' tests in its interpreter; a skip without it, unless
+    ``OPFORGE_TEST_REQUIRE_TRITON=1`` (``.ci/run``, whose ``make test`` installs it) makes that a
+    failure."""
+    if os.environ.get("OPFORGE_TEST_REQUIRE_TRITON") == "1":
+        import triton
+
+        return triton
+    return pytest.importorskip("triton")
+
+
 def pytest_collection_modifyitems(config, items):
     if has_cuda():
         return

@@ -32,14 +32,14 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, triton_or_skip
 from test_bias_act import CONFIGS, DTYPES  # noqa: I001  (beside this file: on sys.path under pytest)
 
 from opforge.kernels.bias_act import reference
 from opforge.kernels.bias_act.activations import ACTIVATIONS, lookup
 from opforge.kernels.bias_act.layout import geometry
 
-triton = pytest.importorskip("triton")
+triton = triton_or_skip()
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 ACTS = tuple(ACTIVATIONS)

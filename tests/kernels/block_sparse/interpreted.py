@@ -1,0 +1,190 @@
+"""The block-sparse Triton kernels in triton's interpreter (``TRITON_INTERPRET=1``), on CPU tensors,
+for test_block_sparse_interpreted.py, which runs this file in a process of its own (triton decides
+at decoration time whether a kernel compiles or interprets). Prints one JSON line.
+
+    python interpreted.py op SEED CASES SMS [TOKENS]   the whole path of triton_impl.py
+                                                      (TOKENS: every call has TOKENS to TOKENS + 276)
+    python interpreted.py decode SEED LAYOUTS          _decode_kernel with every run length
+
+``op``: random calls of ``forward``, ``grad_input`` and ``grad_weight(_bias)`` (block sides of the
+kernels, grids of 1-4 blocks, empty rows and columns, 0-400 tokens (now and then 1024-1300), fp16 and fp32, x aligned or one
+element in, bias or not) against the masked dense fp64 reference, with the GPU tests' tolerances.
+Each call plans afresh with a config drawn at random from those its sizing keeps, and a random
+route where there are two, so every plan kind runs: the pointer forward whole and split, the
+decode forward, the copy-engine (TMA) forward and input gradient, the paired forward, the weight
+gradient. What stands in for the GPU: its facts (``SMS`` SMs, 50 MB of L2, TMA), CPU tensors taken
+as the kernels' (``supported``, ``tma_ready``), and one buffer of arrival counts, checked back at
+zero before every launch that uses it and at the end.
+
+``decode``: ``_decode_kernel`` on random tiny layouts (empty ones, empty and full rows) with every
+blocks-per-program from 1 to past the whole list, partial slots filled with NaN (a slot read
+before it is written shows), counts back at zero after each launch.
+
+The interpreter runs a launch's programs one after another, in order: this checks the kernels'
+index arithmetic and their protocols' logic, not their concurrency or timing (the GPU tests do),
+and not bf16, which the interpreter does not compute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+
+import torch
+
+EPS = {torch.float16: 2**-11, torch.float32: 2**-24}
+
+
+def _stand_in_gpu(sms: int, rng: random.Random):
+    """Point triton_impl at CPU tensors as if on a GPU with ``sms`` SMs, and choose configs and
+    routes at random; returns the counts buffer."""
+    torch.cuda.current_device = lambda: None  # a CPU tensor's device.index
+    torch.cuda.is_current_stream_capturing = lambda: False
+    from opforge.kernels import triton_launch
+    from opforge.kernels.block_sparse import triton_impl, triton_plans, triton_sizing
+    from opforge.kernels.block_sparse.layout import BLOCK_SIZES
+
+    triton_sizing._DEVICES[None] = (sms, 50 * 2**20, True)
+    triton_impl.supported = lambda t, bh, bw: (t.dtype in triton_sizing.KERNEL_DTYPES and bh in BLOCK_SIZES
+                                               and bw in BLOCK_SIZES)
+
+    def tma_ready(tokens, *tensors):
+        return tokens > triton_sizing.TMA_MIN_TOKENS and all(
+            t.is_contiguous() and t.numel() > 0 and t.data_ptr() % 16 == 0 for t in tensors)
+
+    triton_impl.tma_ready = tma_ready
+    counts = torch.zeros(1 << 16, dtype=torch.int32)
+
+    def split_counts(device, needed):
+        if counts.any():
+            raise AssertionError("a launch left arrival counts non-zero")
+        return counts
+
+    triton_impl.split_counts = triton_plans.split_counts = split_counts
+    triton_plans.outside_pools = lambda make, device: make()
+    triton_launch.TunedKernel.choose = lambda self, key, device, trial, keep, prefer=None: rng.choice(
+        [c for c in self.choices if keep(c)] or [self.choices[0]])
+    triton_launch.Route.choose = lambda self, key, device, runs: rng.choice(self.names)
+    return counts
+
+
+def _misfits(got, ref, k: int, dtype) -> float | None:
+    """How far ``got`` is past the GPU tests' tolerance (None: within it)."""
+    if got.shape != ref.shape:
+        return float("inf")
+    if not ref.numel():
+        return None
+    eps = EPS[dtype]
+    atol = (eps + max(1, k) * 2**-22) * max(1.0, ref.abs().max().item())
+    over = ((got.double() - ref).abs() - atol - (2 * eps + 1e-5) * ref.abs()).max().item()
+    return None if over <= 0 else over
+
+
+def op(seed: int, cases: int, sms: int, tokens_from: int = 0) -> dict:
+    from opforge.kernels.block_sparse import triton_impl
+    from opforge.kernels.block_sparse.layout import BLOCK_SIZES, BlockSparseLayout
+
+    rng = random.Random(seed)
+    counts = _stand_in_gpu(sms, rng)
+    bad, cover = [], {}
+    for i in range(cases):
+        bh, bw = rng.choice(BLOCK_SIZES), rng.choice(BLOCK_SIZES)
+        grid = (rng.randint(1, 4), rng.randint(1, 4))
+        tokens = rng.choice([rng.randint(0, 20), rng.randint(21, 64), rng.randint(65, 400)])
+        if tokens_from or rng.random() < 0.05:  # enough for the weight gradient to split the tokens
+            tokens = rng.randint(tokens_from or 1024, (tokens_from or 1024) + 276)
+        dtype = rng.choice(list(EPS))
+        has_bias, offset = rng.random() < 0.5, rng.random() < 0.25
+        g = torch.Generator().manual_seed(rng.randint(0, 2**16))
+        lay = BlockSparseLayout(torch.rand(grid, generator=g) < rng.uniform(0.0, 1.0), (bh, bw))
+        idx = lay.indices()
+        out_f, in_f = lay.shape
+        x = torch.randn(tokens, in_f, generator=g).to(dtype)
+        if offset:  # one element into its storage: not 16-byte aligned, no TMA
+            buf = torch.empty(tokens * in_f + 1, dtype=dtype)
+            buf[1:] = x.reshape(-1)
+            x = buf[1:].view(tokens, in_f)
+        w = torch.randn(lay.nnz, bh, bw, generator=g).to(dtype)
+        b = torch.randn(out_f, generator=g).to(dtype) if has_bias else None
+        dy = torch.randn(tokens, out_f, generator=g).to(dtype)
+        triton_impl.forget_plans()
+        y = triton_impl.forward(x, w, b, idx.rows, idx.cols, idx.row_ptr, out_f)
+        dx = triton_impl.grad_input(dy, w, idx.rows, idx.cols, idx.col_ptr, idx.col_order, in_f)
+        if has_bias:
+            dw, db = triton_impl.grad_weight_bias(dy, x, idx.rows, idx.cols, idx.row_ptr, bh, bw)
+        else:
+            dw, db = triton_impl.grad_weight(dy, x, idx.rows, idx.cols, idx.row_ptr, bh, bw), None
+        dense = lay.scatter(w.double())
+        ref_dw = dy.double().t() @ x.double()
+        ref_dw = ref_dw.view(grid[0], bh, grid[1], bw).permute(0, 2, 1, 3)[idx.rows, idx.cols]
+        refs = {"y": (y, x.double() @ dense.t() + (b.double() if has_bias else 0), in_f),
+                "dx": (dx, dy.double() @ dense, out_f), "dw": (dw, ref_dw, tokens)}
+        if has_bias:
+            refs["db"] = (db, dy.double().sum(0), tokens)
+        misfit = {name: m for name, (got, ref, k) in refs.items() if (m := _misfits(got, ref, k, dtype)) is not None}
+        kinds = [f"{what}:{_kind(plan)}" for what, plans in (("fwd", triton_impl._FWD), ("dx", triton_impl._DX),
+                                                             ("dw", triton_impl._DW)) for plan in plans.values()]
+        for kind in kinds:
+            cover[kind] = cover.get(kind, 0) + 1
+        if misfit:
+            bad.append({"case": i, "block": [bh, bw], "grid": list(grid), "nnz": lay.nnz, "tokens": tokens,
+                        "dtype": str(dtype), "bias": has_bias, "offset": offset, "plans": kinds, "over": misfit})
+    if counts.any():
+        bad.append({"counts": "left non-zero at the end"})
+    return {"cases": cases, "bad": bad, "cover": cover}
+
+
+def _kind(plan) -> str:
+    if isinstance(plan, str):
+        return plan  # the torch path
+    facts = plan.facts if isinstance(plan.facts, tuple) else (plan.facts,)
+    if isinstance(facts[0], int):  # the weight gradient's (token slices, groups)
+        return "whole" if facts[0] == 1 else "split"
+    return str(facts[0])
+
+
+def decode(seed: int, layouts: int) -> dict:
+    from opforge.kernels.block_sparse import triton_sizing
+    from opforge.kernels.block_sparse.layout import BlockSparseLayout
+    from opforge.kernels.block_sparse.triton_decode import _decode_kernel
+
+    rng = random.Random(seed)
+    bad, launches = [], 0
+    for i in range(layouts):
+        bh, bw = rng.choice([(16, 16), (32, 16), (16, 64)])
+        grid = (rng.randint(1, 6), rng.randint(1, 5))
+        g = torch.Generator().manual_seed(rng.randint(0, 2**16))
+        lay = BlockSparseLayout(torch.rand(grid, generator=g) < rng.random(), (bh, bw))
+        idx = lay.indices()
+        out_f, in_f = lay.shape
+        tokens = rng.choice([1, 2, 5, 17])
+        x = torch.randn(tokens, in_f, generator=g)
+        w = torch.randn(lay.nnz, bh, bw, generator=g)
+        b = torch.randn(out_f, generator=g)
+        ref = x.double() @ lay.scatter(w.double()).t() + b.double()
+        counts = torch.zeros(grid[0], dtype=torch.int32)
+        for chunk in range(1, lay.nnz + 2):
+            programs = max(1, -(-lay.nnz // chunk))
+            y = torch.full((tokens, out_f), float("nan"))
+            part = torch.full((programs, tokens, bh), float("nan"))
+            _decode_kernel[(programs,)](x, w, b, y, part, counts, idx.cols, idx.row_ptr, tokens, in_f, out_f, lay.nnz,
+                                        chunk, BH=bh, BW=bw, HAS_BIAS=True, PRECISION="ieee",
+                                        BLOCK_K=triton_sizing.decode_block_k(bw),
+                                        SEARCH=triton_sizing.decode_search(grid[0]), BLOCK_M=max(16, triton_sizing.pow2(tokens)),
+                                        WAVES=1)
+            launches += 1
+            err = (y.double() - ref).abs().max().item() if y.numel() else 0.0
+            if not err <= 1e-4 * max(1.0, ref.abs().max().item()) or counts.any():
+                bad.append({"layout": i, "mask": lay.mask.int().tolist(), "block": [bh, bw], "tokens": tokens,
+                            "chunk": chunk, "err": err, "counts": counts.tolist()})
+                counts.zero_()
+    return {"launches": launches, "bad": bad}
+
+
+if __name__ == "__main__":  # set before opforge's kernels (and triton) are imported; not at import (doctests)
+    os.environ["TRITON_INTERPRET"] = "1"
+    os.environ["OPFORGE_TRITON_DIRECT"] = "0"  # launches through triton's JIT, which interprets them
+    what, args = sys.argv[1], [int(a) for a in sys.argv[2:]]
+    print(json.dumps(op(*args) if what == "op" else decode(*args)))
