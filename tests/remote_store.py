@@ -30,7 +30,7 @@ import pytest
 from conftest import pymod_source, run_python
 
 import opforge
-from opforge.engine import remote, signing
+from opforge.engine import remote_fs, signing
 
 USE = """
 import json, opforge
@@ -56,7 +56,7 @@ def source(tmp_path):
 
 def node_a(monkeypatch, tmp_path, url, source, name, secret=None, value=7):
     """Build ``name`` in node A's own cache and push it."""
-    remote._DEAD.clear()  # a store this process found dead in an earlier test is alive again
+    remote_fs._DEAD.clear()  # a store this process found dead in an earlier test is alive again
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "node-a"))
     monkeypatch.setenv("OPFORGE_REMOTE_CACHE", url)
     monkeypatch.setenv("OPFORGE_REMOTE_PUSH", "1")
@@ -124,7 +124,7 @@ def tampered(pristine: bytes, keys: dict) -> dict:
     manifest = member(pristine, "/manifest.json")
 
     def altered(name, data):
-        if name != remote.SIGNATURE:
+        if name != remote_fs.SIGNATURE:
             return data
         doc = json.loads(data)
         sig = bytearray(doc["signature"].encode())
@@ -136,7 +136,7 @@ def tampered(pristine: bytes, keys: dict) -> dict:
     def resigned(name, data):
         if name.endswith("/manifest.json"):
             return bad
-        if name == remote.SIGNATURE:
+        if name == remote_fs.SIGNATURE:
             return json.dumps(signing.sign(bad, keys["secret"])).encode()
         if name == "opforge-cache.json":
             index = json.loads(data)
@@ -145,9 +145,9 @@ def tampered(pristine: bytes, keys: dict) -> dict:
         return data
 
     return {
-        "unsigned": tar_with(pristine, lambda n, d: None if n == remote.SIGNATURE else d),
+        "unsigned": tar_with(pristine, lambda n, d: None if n == remote_fs.SIGNATURE else d),
         "signed by an untrusted key": tar_with(pristine, lambda n, d: json.dumps(signing.sign(
-            manifest, keys["other_secret"])).encode() if n == remote.SIGNATURE else d),
+            manifest, keys["other_secret"])).encode() if n == remote_fs.SIGNATURE else d),
         "signature altered": tar_with(pristine, altered),
         "manifest sha256 wrong, re-signed": tar_with(pristine, resigned),
     }

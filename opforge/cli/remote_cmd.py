@@ -59,7 +59,7 @@ def add_actions(csub, days) -> None:
 
 
 def _store(command: str):
-    from ..engine import remote
+    from ..engine import remote_fs
     from ..engine.progress import Reporter
 
     s = settings_mod.current()
@@ -67,7 +67,7 @@ def _store(command: str):
         print(f"opforge cache {command}: no remote cache: set OPFORGE_REMOTE_CACHE (e.g. s3://bucket/opforge, "
               "webdav://host/opforge, file:///nfs/opforge)", file=sys.stderr)
         return None, None
-    why = remote.url_problem(s.remote_cache)
+    why = remote_fs.url_problem(s.remote_cache)
     if why:
         print(f"opforge cache {command}: {why}", file=sys.stderr)
         return None, None
@@ -92,7 +92,7 @@ def _show(outcomes, title: str, as_json: bool, extra: dict) -> int:
 
 def _transfer(args, command: str) -> int:
     """``push`` (the local cache to the store) or ``pull`` (the store to the local cache), with a table."""
-    from ..engine import remote, remote_push
+    from ..engine import remote, remote_fs, remote_push
 
     s, reporter = _store(command)
     if s is None:
@@ -103,7 +103,7 @@ def _transfer(args, command: str) -> int:
     except remote_push.PushRefused as exc:
         print(f"opforge cache push: nothing pushed: {exc}", file=sys.stderr)
         return 2
-    except remote.StoreMissing as exc:
+    except remote_fs.StoreMissing as exc:
         return _missing(command, exc)
     if outcomes is None:
         return _dead(command, s)
@@ -121,13 +121,13 @@ def cmd_pull(args) -> int:
 
 
 def cmd_list_remote(args) -> int:
-    from ..engine import remote
+    from ..engine import remote, remote_fs
     s, reporter = _store("list --remote")
     if s is None:
         return 2
     try:
         rows = remote.listing(s, reporter)
-    except remote.StoreMissing as exc:
+    except remote_fs.StoreMissing as exc:
         return _missing("list --remote", exc)
     if rows is None:
         return _dead("list --remote", s)
@@ -169,14 +169,14 @@ def prune_summary(rows, dry_run: bool) -> tuple[dict, str]:
 
 
 def cmd_prune(args) -> int:
-    from ..engine import remote, remote_prune
+    from ..engine import remote_fs, remote_prune
 
     s, reporter = _store("prune --remote")
     if s is None:
         return 2
     try:
         rows = remote_prune.prune(args.older_than, s, reporter, dry_run=args.dry_run)
-    except remote.StoreMissing as exc:
+    except remote_fs.StoreMissing as exc:
         return _missing("prune --remote", exc)
     if rows is None:
         return _dead("prune --remote", s)
@@ -210,21 +210,21 @@ def cmd_keygen(args) -> int:
 
 
 def _store_check(settings: settings_mod.Settings) -> Check:
-    from ..engine import remote
+    from ..engine import remote, remote_fs
     from ..engine.progress import Reporter
 
     url = settings.remote_cache
-    why = remote.url_problem(url)
+    why = remote_fs.url_problem(url)
     if why:
         return Check("remote cache", FAIL, why, "write an absolute path with three slashes: file:///abs/path")
     try:
         rows = remote.listing(settings, Reporter(False))
-    except remote.StoreMissing as exc:
+    except remote_fs.StoreMissing as exc:
         return Check("remote cache", FAIL, f"{url}: missing ({exc.why})",
                      "check OPFORGE_REMOTE_CACHE for a typo; a new store is made by its first push (`opforge cache "
                      "push`)" + (", once the bucket exists" if exc.why.startswith("no bucket") else ""))
     if rows is None:
-        return Check("remote cache", FAIL, f"{url}: {remote._DEAD.get(url, 'unreachable')}",
+        return Check("remote cache", FAIL, f"{url}: {remote_fs._DEAD.get(url, 'unreachable')}",
                      "check the URL, the store's credentials and the network; OPFORGE_REMOTE_TIMEOUT sets the wait")
     return Check("remote cache", OK, f"{url}: reachable, {len(rows)} entr{'y' if len(rows) == 1 else 'ies'}")
 

@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass
 
 from .. import settings as settings_mod
 from .progress import Reporter
-from .remote import _DEAD, _bounded, _is_object, _mtime, _survey
+from .remote import _is_object, _survey
+from .remote_fs import _DEAD, _bounded, _mtime
 
 GRACE_DAYS = 1.0
 """``cache prune --remote`` never removes an object younger than this (a node may be about to pull it)."""

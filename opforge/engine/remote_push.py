@@ -1,7 +1,7 @@
 """Pushes to the remote store: after a build (``OPFORGE_REMOTE_PUSH=1``) and ``opforge cache push``.
 
 The entry is exported, signed with ``OPFORGE_SIGNING_KEY`` and placed, never over an object already there
-(``remote._place``): an object, once written, never changes. With no key the push is refused
+(``remote_fs._place``): an object, once written, never changes. With no key the push is refused
 (``push_refusal``) unless ``OPFORGE_REMOTE_ALLOW_UNSIGNED=1``. After a build a refused or failed push is a
 notice (a refusal once per process), never a failed build.
 """
@@ -17,7 +17,7 @@ from ..errors import OpforgeError
 from . import archive, signing
 from .cache import Entry
 from .progress import Reporter
-from .remote import _DEAD, _LOCK, SIGNATURE, _bounded, _open, _place, object_dir
+from .remote_fs import _DEAD, _LOCK, SIGNATURE, _bounded, _open, _place, object_dir
 
 _REFUSED: set[str] = set()
 """The push refusals said in this process (after a build: once each)."""

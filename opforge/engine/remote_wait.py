@@ -4,7 +4,7 @@ The builder (global rank 0, or a rank that took over) writes ``<object dir>/.bui
 every ``HEARTBEAT`` seconds (``announce``). On each waiting node one rank polls (``Watch``): at most once per
 ``POLL_EVERY`` seconds it lists the kernel's directory, which shows a pushed object and the marker at once. A
 marker not seen to change for ``STALE_AFTER`` seconds is a dead builder's: the next generation is claimed with
-the store's create-without-overwrite (``remote._create``), so exactly one rank in the cluster takes over.
+the store's create-without-overwrite (``remote_fs._create``), so exactly one rank in the cluster takes over.
 docs/distributed.md, "Waits for a builder on another node".
 """
 
@@ -20,7 +20,8 @@ from .. import settings as settings_mod
 from .cache import Entry, Layout
 from .key import BuildSpec
 from .progress import Reporter
-from .remote import _bounded, _create, _mtime, _open, _wanted, fetch, object_dir
+from .remote import _wanted, fetch
+from .remote_fs import _bounded, _create, _mtime, _open, object_dir
 
 HEARTBEAT = 2.0
 """Seconds between a remote builder's rewrites of its marker in the store (``announce``)."""

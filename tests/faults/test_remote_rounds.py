@@ -5,7 +5,7 @@ loads the kernel, with or without a compiler, and what it got is checked.
 Cheap rounds: node A builds the tiny kernel (and the odd objects some faults serve) once per module
 and pushes it, signed, to WsgiDAV on localhost behind ``Misbehave`` (tests/remote_store.py). Each
 round restores the store, arms one fault, and loads in this process into a fresh cache dir, with
-the process's memory of dead stores (``remote._DEAD``) cleared: what a new process on node B does,
+the process's memory of dead stores (``remote_fs._DEAD``) cleared: what a new process on node B does,
 less the interpreter's start-up. webdav4 retries a 500, a 503 or a dropped connection after
 1 s, then 2 s; here after 0.02 s (its ``BACKOFF``), so a passing fault costs a round
 milliseconds, not seconds: the retry itself is the same.
@@ -60,7 +60,7 @@ from remote_store import member, objects, serve_webdav, tampered  # noqa: E402
 
 import opforge  # noqa: E402
 from opforge import settings as settings_mod  # noqa: E402
-from opforge.engine import cache, inventory, remote, remote_push, signing  # noqa: E402
+from opforge.engine import cache, inventory, remote_fs, remote_push, signing  # noqa: E402
 from opforge.engine.progress import Reporter  # noqa: E402
 from opforge.errors import ToolchainError  # noqa: E402
 
@@ -120,7 +120,7 @@ def _build(base, name: str, value: int, secret: str, url: str, where: str) -> ca
         for k, v in {"OPFORGE_CACHE_DIR": str(base / "node-a"), "OPFORGE_REMOTE_CACHE": url,
                      "OPFORGE_REMOTE_PUSH": "1", "OPFORGE_SIGNING_KEY": secret, "OPFORGE_CCACHE": "0"}.items():
             mp.setenv(k, v)
-        remote._DEAD.clear()
+        remote_fs._DEAD.clear()
         mod = opforge.load(name, [str(src)])
         assert mod.value() == value
     path = os.path.dirname(mod.__file__)
@@ -163,7 +163,7 @@ def _push(w: World):
     env = {"OPFORGE_CACHE_DIR": os.path.dirname(os.path.dirname(w.entry.path)), "OPFORGE_REMOTE_CACHE": w.url,
            "OPFORGE_REMOTE_PUSH": "1", "OPFORGE_SIGNING_KEY": w.keys["secret"],
            "OPFORGE_REMOTE_TIMEOUT": str(TIMEOUT)}
-    remote._DEAD.clear()
+    remote_fs._DEAD.clear()
     return remote_push.push(w.entry, settings_mod.current(env), Reporter(False))
 
 
@@ -189,7 +189,7 @@ def _load_b(w: World, cache_dir, compiler: bool) -> tuple[str, str]:
             mp.setenv(k, v)
         mp.delenv("OPFORGE_SIGNING_KEY", raising=False)
         mp.setattr("sys.stderr", err)
-        remote._DEAD.clear()
+        remote_fs._DEAD.clear()
         worker = threading.Thread(target=work, name="node-b-load", daemon=True)
         worker.start()
         worker.join(HANG_S)
@@ -265,7 +265,7 @@ def _whole(w: World, data: bytes) -> bool:
     """Is ``data`` A's entry, whole: its binary, its manifest, A's signature of it?"""
     try:
         binary, manifest = member(data, f"/{NAME}.so"), member(data, "/manifest.json")
-        doc = json.loads(member(data, remote.SIGNATURE))
+        doc = json.loads(member(data, remote_fs.SIGNATURE))
     except (tarfile.TarError, ValueError, KeyError, EOFError):
         return False
     return binary == w.binary and manifest == w.manifest and bool(

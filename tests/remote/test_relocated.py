@@ -28,7 +28,7 @@ from remote_store import node_env, objects  # noqa: E402
 from wheels import checkout_copy  # noqa: E402
 
 import opforge  # noqa: E402
-from opforge.engine import remote  # noqa: E402
+from opforge.engine import remote_fs  # noqa: E402
 
 TREE_SOURCE = """
 #include <Python.h>
@@ -63,7 +63,7 @@ def relocate(src_base, dst_base):
 
 
 def node_a_env(monkeypatch, tmp_path, url, secret):
-    remote._DEAD.clear()
+    remote_fs._DEAD.clear()
     for k, v in {"OPFORGE_CACHE_DIR": str(tmp_path / "node-a"), "OPFORGE_REMOTE_CACHE": url,
                  "OPFORGE_REMOTE_PUSH": "1", "OPFORGE_SIGNING_KEY": secret, "OPFORGE_PCH": "0"}.items():
         monkeypatch.setenv(k, v)

@@ -19,7 +19,7 @@ pytest.importorskip("cryptography")
 
 from remote_store import USE, node_a, node_b, node_env, objects  # noqa: E402
 
-from opforge.engine import remote, signing  # noqa: E402
+from opforge.engine import remote_fs, signing  # noqa: E402
 
 
 def test_node_b_with_no_compiler_loads_what_node_a_built_and_pushed(monkeypatch, tmp_path, source, keys,
@@ -29,7 +29,7 @@ def test_node_b_with_no_compiler_loads_what_node_a_built_and_pushed(monkeypatch,
     node_a(monkeypatch, tmp_path, url, source, "remote_mod", keys["secret"])
     assert len(counting_cxx.compiles()) == 1
     (obj,) = objects(store)
-    assert obj.parent.parent.name == "remote_mod" and obj.parent.parent.parent.name == remote.PREFIX
+    assert obj.parent.parent.name == "remote_mod" and obj.parent.parent.parent.name == remote_fs.PREFIX
     got, err = node_b(tmp_path, url, source, "remote_mod", OPFORGE_TRUSTED_KEYS=keys["public"])
     assert got["value"] == 7 and got["file"].startswith(str(tmp_path / "node-b"))
     # Node B has no compiler (its CXX and PATH name nothing), so its load proves the pull; that it compiles
@@ -54,7 +54,7 @@ def test_over_webdav_node_a_pushes_and_node_b_pulls(monkeypatch, tmp_path, sourc
     root, url, server = webdav
     node_a(monkeypatch, tmp_path, url, source, "remote_mod", keys["secret"])
     (obj,) = objects(root)
-    assert obj.relative_to(root).parts[:3] == ("opforge", remote.PREFIX, "remote_mod")
+    assert obj.relative_to(root).parts[:3] == ("opforge", remote_fs.PREFIX, "remote_mod")
     got, _ = node_b(tmp_path, url, source, "remote_mod", OPFORGE_TRUSTED_KEYS=keys["public"])
     assert got["value"] == 7 and len(counting_cxx.compiles()) == 1 and server.downloads == 1
 
@@ -170,10 +170,10 @@ def test_doctor_checks_the_store_and_the_keys(tmp_path, keys, silent_server):
     assert loose["signing key"][0] == "warn" and "pushes are refused" in loose["signing key"][1]
     swapped = verdicts(OPFORGE_REMOTE_CACHE=url, OPFORGE_TRUSTED_KEYS=keys["secret"])
     assert swapped["trusted keys"][0] == "fail" and "is not an opforge public key" in swapped["trusted keys"][1]
-    remote._DEAD.clear()
+    remote_fs._DEAD.clear()
     dead = verdicts(OPFORGE_REMOTE_CACHE=silent_server, OPFORGE_REMOTE_TIMEOUT="1")
     assert dead["remote cache"] == ("fail", f"{silent_server}: no answer within 1 s (OPFORGE_REMOTE_TIMEOUT)")
-    remote._DEAD.clear()
+    remote_fs._DEAD.clear()
 
 
 
@@ -189,15 +189,15 @@ def test_a_clients_own_timeout_reads_as_no_answer_and_other_errors_keep_their_na
     for exc, why in ((httpx.ReadTimeout("timed out"), "no answer within 1 s (OPFORGE_REMOTE_TIMEOUT)"),
                      (TimeoutError("slow"), "no answer within 1 s (OPFORGE_REMOTE_TIMEOUT)"),
                      (PermissionError("403 Forbidden"), "PermissionError: 403 Forbidden")):
-        remote._DEAD.clear()
+        remote_fs._DEAD.clear()
 
         def fail(exc=exc):
             raise exc
 
-        assert remote._bounded(s, Reporter(False), "listing", fail) is None
-        assert remote._DEAD[url] == why
+        assert remote_fs._bounded(s, Reporter(False), "listing", fail) is None
+        assert remote_fs._DEAD[url] == why
         assert f"(listing: {why}); building locally" in capsys.readouterr().err
-    remote._DEAD.clear()
+    remote_fs._DEAD.clear()
 
 
 def test_the_report_says_a_kernel_would_come_from_the_remote(monkeypatch, tmp_path, source, keys, counting_cxx):
@@ -231,10 +231,10 @@ def test_a_store_that_cannot_be_opened_is_said_once_and_the_build_goes_on(monkey
                                                                           counting_cxx, capfd):
     import opforge
 
-    remote._DEAD.clear()
+    remote_fs._DEAD.clear()
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "node"))
     monkeypatch.setenv("OPFORGE_REMOTE_CACHE", "nosuchproto://bucket/opforge")  # no fsspec backend for it
     assert opforge.load("unopened", [str(make_pymod("unopened", 5))]).value() == 5
     err = capfd.readouterr().err
     assert err.count("is not usable (opening it: ") == 1 and len(counting_cxx.compiles()) == 1
-    remote._DEAD.clear()
+    remote_fs._DEAD.clear()

@@ -23,7 +23,7 @@ from conftest import ROOT, pymod_source, run_python
 pytest.importorskip("fsspec")
 pytest.importorskip("cryptography")
 
-from opforge.engine import archive, remote, remote_prune, remote_push, signing  # noqa: E402
+from opforge.engine import archive, remote, remote_fs, remote_prune, remote_push, signing  # noqa: E402
 
 DAY = 86400.0
 
@@ -120,7 +120,7 @@ def test_a_push_never_replaces_an_object_and_the_signed_one_stays_byte_for_byte(
     assert first.returncode == 0, first.stderr
     assert [e["status"] for e in json.loads(first.stdout)["entries"]] == ["pushed"]
     ((path, signed),) = store.objects().items()
-    assert json.loads(tarfile.open(fileobj=io.BytesIO(signed)).extractfile(remote.SIGNATURE).read())["key"] == "node-a"
+    assert json.loads(tarfile.open(fileobj=io.BytesIO(signed)).extractfile(remote_fs.SIGNATURE).read())["key"] == "node-a"
 
     unsigned = cli("push", "remote_mod", "--json", env=dict(a, OPFORGE_REMOTE_ALLOW_UNSIGNED="1"))
     intruder = cli("push", "remote_mod", "--json", env=dict(a, OPFORGE_SIGNING_KEY=keys["other_secret"]))
@@ -135,27 +135,27 @@ def test_a_push_never_replaces_an_object_and_the_signed_one_stays_byte_for_byte(
 def test_a_racing_push_that_passed_the_check_does_not_replace_the_object(store, tmp_path):
     """Two pushers both saw no object; the second to place it must find the first's there (the
     conditional create: S3's If-None-Match, link(2), WebDAV's MOVE with Overwrite: F)."""
-    fs, root = remote._fs(store.url)
-    final = f"{root}/{remote.PREFIX}/race/k/0123456789abcdef-01234567.tar"
+    fs, root = remote_fs._fs(store.url)
+    final = f"{root}/{remote_fs.PREFIX}/race/k/0123456789abcdef-01234567.tar"
     fs.makedirs(final.rsplit("/", 1)[0], exist_ok=True)
     for n, text in enumerate((b"first, signed", b"second, unsigned")):
         (tmp_path / f"{n}.tar").write_bytes(text)
-    assert remote._place(fs, str(tmp_path / "0.tar"), final) is True
-    assert remote._place(fs, str(tmp_path / "1.tar"), final) is False
+    assert remote_fs._place(fs, str(tmp_path / "0.tar"), final) is True
+    assert remote_fs._place(fs, str(tmp_path / "1.tar"), final) is False
     assert list(store.objects().values()) == [b"first, signed"] and store.leftovers() == []
 
 
 def test_racing_pushes_to_a_directory_place_one_object(tmp_path):
     """Eight threads place different bytes under one name at once: link(2) lets exactly one win."""
-    fs, root = remote._fs(f"file://{tmp_path / 'store'}")
-    final = f"{root}/{remote.PREFIX}/race/k/0123456789abcdef-01234567.tar"
+    fs, root = remote_fs._fs(f"file://{tmp_path / 'store'}")
+    final = f"{root}/{remote_fs.PREFIX}/race/k/0123456789abcdef-01234567.tar"
     fs.makedirs(final.rsplit("/", 1)[0], exist_ok=True)
     start, won = threading.Barrier(8), {}
 
     def push(n):
         (tmp_path / f"{n}.tar").write_bytes(b"object %d" % n)
         start.wait()
-        won[n] = remote._place(fs, str(tmp_path / f"{n}.tar"), final)
+        won[n] = remote_fs._place(fs, str(tmp_path / f"{n}.tar"), final)
 
     threads = [threading.Thread(target=push, args=(n,)) for n in range(8)]
     for t in threads:
@@ -224,7 +224,7 @@ def _object(name: str, entry: str, binary_size: int, secret: str | None) -> byte
     members = {archive.INDEX: json.dumps({"format": archive.FORMAT, "entries": [
         {"name": name, "entry": entry, "binary": f"{name}.so", "files": {}}]}).encode()}
     if secret:
-        members[remote.SIGNATURE] = json.dumps(signing.sign(manifest, secret)).encode()
+        members[remote_fs.SIGNATURE] = json.dumps(signing.sign(manifest, secret)).encode()
     members[f"entries/{name}/{entry}/{name}.so"] = os.urandom(binary_size)
     members[f"entries/{name}/{entry}/manifest.json"] = manifest
     buf = io.BytesIO()
@@ -274,7 +274,7 @@ def test_the_report_predicts_what_a_pull_would_do_reading_only_the_signature(mon
                                                             "python_module": True, "optimize": (),
                                                             "isa": CppExtension.isa}))
     root, url, server = webdav
-    remote._DEAD.clear()
+    remote_fs._DEAD.clear()
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "node-b"))
     monkeypatch.setenv("OPFORGE_REMOTE_CACHE", url)
     for var in ("OPFORGE_TRUSTED_KEYS", "OPFORGE_REMOTE_ALLOW_UNSIGNED", "OPFORGE_SIGNING_KEY"):
@@ -283,7 +283,7 @@ def test_the_report_predicts_what_a_pull_would_do_reading_only_the_signature(mon
     spec = c.status.spec
     assert candidate_json(c)["remote"] is False and candidate_json(c)["remote_pull"] is None
     entry = f"{spec.input_key[:16]}-0badc0de"
-    obj = root / "opforge" / remote.PREFIX / spec.name / spec.portable_key / f"{entry}.tar"
+    obj = root / "opforge" / remote_fs.PREFIX / spec.name / spec.portable_key / f"{entry}.tar"
     obj.parent.mkdir(parents=True)
     size = 4 * 2**20
     sent = _count_bytes(server)
@@ -309,12 +309,12 @@ def test_the_report_predicts_what_a_pull_would_do_reading_only_the_signature(mon
     pull, _ = predicted(None, OPFORGE_REMOTE_ALLOW_UNSIGNED="1")
     assert pull.startswith("would be pulled (unsigned, allowed")
     # each prediction read two or three ranges (the headers, signature and manifest), never the 4 MiB binary
-    assert 5 <= sent["gets"] <= 15 and sent["bytes"] <= 15 * remote.PEEK_BLOCK < size, sent
+    assert 5 <= sent["gets"] <= 15 and sent["bytes"] <= 15 * remote_fs.PEEK_BLOCK < size, sent
 
 
 def test_peek_reads_an_objects_signature_in_every_store(store, keys):
-    fs, root = remote._fs(store.url)
-    path = f"{root}/{remote.PREFIX}/peeked/k/0123456789abcdef-01234567.tar"
+    fs, root = remote_fs._fs(store.url)
+    path = f"{root}/{remote_fs.PREFIX}/peeked/k/0123456789abcdef-01234567.tar"
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     fs.pipe_file(path, _object("peeked", "0123456789abcdef-01234567", 300_000, keys["secret"]))
     name, entry, manifest, doc = remote._peek(fs, path)
@@ -329,11 +329,11 @@ def test_peek_reads_an_objects_signature_in_every_store(store, keys):
 
 def test_a_pull_that_finds_nothing_exits_1_and_says_where_it_looked(tmp_path):
     store = tmp_path / "store"
-    (store / remote.PREFIX / "remote_mod").mkdir(parents=True)
+    (store / remote_fs.PREFIX / "remote_mod").mkdir(parents=True)
     env = {"OPFORGE_CACHE_DIR": str(tmp_path / "node"), "OPFORGE_REMOTE_CACHE": f"file://{store}"}
     out = cli("pull", "does_not_exist", env=env)
     assert out.returncode == 1, out
-    assert f"{store}/{remote.PREFIX}/does_not_exist/" in out.stdout and f"file://{store}" in out.stdout, out.stdout
+    assert f"{store}/{remote_fs.PREFIX}/does_not_exist/" in out.stdout and f"file://{store}" in out.stdout, out.stdout
     assert "1 missing" in out.stdout
     js = cli("pull", "does_not_exist", "remote_mod", "--json", env=env)
     assert js.returncode == 1 and [e["status"] for e in json.loads(js.stdout)["entries"]] == ["missing", "missing"]
@@ -344,7 +344,7 @@ def test_a_store_root_that_is_not_there_is_missing(request, tmp_path, kind):
     from opforge import settings
     from opforge.cli.remote_cmd import check_remote
 
-    remote._DEAD.clear()
+    remote_fs._DEAD.clear()
     env: dict = {}
     if kind == "file":
         url, make = f"file://{tmp_path / 'nope'}", lambda: (tmp_path / "nope").mkdir()
@@ -394,14 +394,14 @@ def test_a_relative_file_url_is_refused_with_the_fix(monkeypatch, tmp_path, buil
     assert check.status == "fail" and "file:///abs/path" in check.fix
 
     # a push after a build, from that directory: a notice naming the fix, nothing written under it
-    remote._DEAD.clear()
+    remote_fs._DEAD.clear()
     monkeypatch.chdir(cwd)
     row = inventory.entries(cache)[0]
     capfd.readouterr()
     assert remote_push.push(cache_mod.Entry(row.path, cache_mod.read_manifest(row.path)), settings.current(env),
                        Reporter(False)) is None
     assert "file:///tmp/x" in capfd.readouterr().err and list(cwd.iterdir()) == []
-    remote._DEAD.clear()
+    remote_fs._DEAD.clear()
 
 
 # -- item 5 (the store): prune --remote --older-than DAYS -------------------------------------------------
@@ -414,7 +414,7 @@ def test_prune_removes_old_objects_and_never_young_ones(request, tmp_path, kind)
     else:
         served, url, _ = request.getfixturevalue("webdav")
         root = served / "opforge"
-    d = root / remote.PREFIX / "remote_mod" / ("0" * 64)
+    d = root / remote_fs.PREFIX / "remote_mod" / ("0" * 64)
     d.mkdir(parents=True)
     now = time.time()
     ages = {"0000000000000040-00000000.tar": 40, "0000000000000010-00000000.tar": 10,
@@ -455,9 +455,9 @@ def test_prune_on_s3_goes_by_the_stores_modified_time(monkeypatch, tmp_path, s3)
 
     url, env = s3
     monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": env["FSSPEC_S3_ENDPOINT_URL"]})
-    fs, root = remote._fs(url)
+    fs, root = remote_fs._fs(url)
     for n in range(2):
-        fs.pipe_file(f"{root}/{remote.PREFIX}/remote_mod/k/000000000000000{n}-00000000.tar", b"x" * 10)
+        fs.pipe_file(f"{root}/{remote_fs.PREFIX}/remote_mod/k/000000000000000{n}-00000000.tar", b"x" * 10)
     s = settings.current({"OPFORGE_REMOTE_CACHE": url})
     young = remote_prune.prune(0, s, Reporter(False))
     assert [(r.action, r.why) for r in young] == [("kept", "younger than the grace period (1 day)")] * 2

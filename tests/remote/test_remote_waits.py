@@ -24,7 +24,7 @@ pytest.importorskip("fsspec")
 psutil = pytest.importorskip("psutil")
 
 from opforge import settings as settings_mod  # noqa: E402
-from opforge.engine import ranks, remote, remote_wait  # noqa: E402
+from opforge.engine import ranks, remote_fs, remote_wait  # noqa: E402
 
 WORKER = os.path.join(ROOT, "tests", "dist_worker.py")
 
@@ -72,7 +72,7 @@ class Requests:
 
 
 def _is_spec_dir(path: str, name: str) -> bool:
-    tail = path.rstrip("/").split(f"/{remote.PREFIX}/{name}/", 1)
+    tail = path.rstrip("/").split(f"/{remote_fs.PREFIX}/{name}/", 1)
     return len(tail) == 2 and "/" not in tail[1]
 
 
@@ -381,7 +381,7 @@ def test_a_claim_has_one_winner_and_announce_beats_it(tmp_path, store_kind, requ
     else:
         _, url, _ = request.getfixturevalue("webdav")
     monkeypatch.setattr(remote_wait, "HEARTBEAT", 0.3)
-    remote._DEAD.clear()
+    remote_fs._DEAD.clear()
     src = _source(tmp_path, "claimed")
     s = settings_mod.current({"OPFORGE_REMOTE_CACHE": url, "OPFORGE_CACHE_DIR": str(tmp_path / "cache"),
                               "OPFORGE_REMOTE_TIMEOUT": "20"})
