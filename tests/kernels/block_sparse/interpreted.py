@@ -124,8 +124,7 @@ def op(seed: int, cases: int, sms: int, tokens_from: int = 0) -> dict:
         if has_bias:
             refs["db"] = (db, dy.double().sum(0), tokens)
         misfit = {name: m for name, (got, ref, k) in refs.items() if (m := _misfits(got, ref, k, dtype)) is not None}
-        kinds = [f"{what}:{_kind(plan)}" for what, plans in (("fwd", triton_impl._FWD), ("dx", triton_impl._DX),
-                                                             ("dw", triton_impl._DW)) for plan in plans.values()]
+        kinds = plan_kinds(triton_impl)
         for kind in kinds:
             cover[kind] = cover.get(kind, 0) + 1
         if misfit:
@@ -134,6 +133,19 @@ def op(seed: int, cases: int, sms: int, tokens_from: int = 0) -> dict:
     if counts.any():
         bad.append({"counts": "left non-zero at the end"})
     return {"cases": cases, "bad": bad, "cover": cover}
+
+
+def plan_kinds(triton_impl, keys=None) -> list[str]:
+    """What each plan ``triton_impl`` holds launches ("fwd:decode", "dx:tma", "dw:split", ...); only the
+    plans not among ``keys`` (``plan_keys()`` taken earlier) when given."""
+    return [f"{what}:{_kind(plan)}" for what, plans in (("fwd", triton_impl._FWD), ("dx", triton_impl._DX),
+                                                        ("dw", triton_impl._DW))
+            for key, plan in plans.items() if keys is None or (what, key) not in keys]
+
+
+def plan_keys(triton_impl) -> set:
+    return {(what, key) for what, plans in (("fwd", triton_impl._FWD), ("dx", triton_impl._DX),
+                                            ("dw", triton_impl._DW)) for key in plans}
 
 
 def _kind(plan) -> str:

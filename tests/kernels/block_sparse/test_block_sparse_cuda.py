@@ -14,10 +14,12 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from interpreted import plan_keys, plan_kinds
 from test_block_sparse import dense_reference, layout_of
 
 import opforge.ops  # noqa: F401
 from opforge.kernel_loader import BlockSparseLoader
+from opforge.kernels.block_sparse import triton_impl
 from opforge.kernels.block_sparse.layout import BLOCK_SIZES, BlockSparseLayout
 from opforge.ops import block_sparse_linear
 
@@ -34,19 +36,23 @@ def check(x, layout, dtype, bias=True, seed=0):
     w = torch.randn(layout.nnz, bh, bw, generator=g, device="cuda").to(dtype).requires_grad_()
     b = torch.randn(layout.shape[0], generator=g, device="cuda").to(dtype).requires_grad_() if bias else None
     x = x.to(device="cuda", dtype=dtype).requires_grad_()
+    planned = plan_keys(triton_impl)
     y = block_sparse_linear(x, w, b, layout)
     dy = torch.randn(y.shape, generator=g, device="cuda").to(dtype)
     y.backward(dy)
     ry, rdx, rdw, rdb = dense_reference(x, w, b, layout, dy)
     tokens = x.numel() // max(1, layout.shape[1])
-    for got, ref, k in ((y, ry, layout.shape[1]), (x.grad, rdx, layout.shape[0]), (w.grad, rdw, tokens),
-                        (None if b is None else b.grad, rdb, tokens)):
+    # a failure names the output and the plans this call made (none: planned by an earlier call of its shapes)
+    made = plan_kinds(triton_impl, planned) or ["planned earlier"]
+    for name, got, ref, k in (("y", y, ry, layout.shape[1]), ("dx", x.grad, rdx, layout.shape[0]),
+                              ("dw", w.grad, rdw, tokens), ("db", None if b is None else b.grad, rdb, tokens)):
         if got is None:
             continue
         assert got.dtype == dtype
         scale = ref.abs().max().item() if ref.numel() else 0.0
         atol = (EPS[dtype] + max(1, k) * 2**-22) * max(1.0, scale)
-        torch.testing.assert_close(got.double(), ref, rtol=2 * EPS[dtype] + 1e-5, atol=atol)
+        torch.testing.assert_close(got.double(), ref, rtol=2 * EPS[dtype] + 1e-5, atol=atol,
+                                   msg=lambda m, name=name: f"{name} ({', '.join(made)}): {m}")
 
 
 @pytest.fixture(autouse=True)
