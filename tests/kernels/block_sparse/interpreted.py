@@ -7,8 +7,9 @@ at decoration time whether a kernel compiles or interprets). Prints one JSON lin
     python interpreted.py decode SEED LAYOUTS          _decode_kernel with every run length
 
 ``op``: random calls of ``forward``, ``grad_input`` and ``grad_weight(_bias)`` (block sides of the
-kernels, grids of 1-4 blocks, empty rows and columns, 0-400 tokens (now and then 1024-1300), fp16 and fp32, x aligned or one
-element in, bias or not) against the masked dense fp64 reference, with the GPU tests' tolerances.
+kernels, grids of 1-4 blocks, empty rows and columns, 0-400 tokens, now and then 1024-1300, x aligned
+or one element in, bias or not; fp16, bf16 and fp32) against the masked dense fp64 reference, with the
+GPU tests' tolerances.
 Each call plans afresh with a config drawn at random from those its sizing keeps, and a random
 route where there are two, so every plan kind runs: the pointer forward whole and split, the
 decode forward, the copy-engine (TMA) forward and input gradient, the paired forward, the weight
@@ -21,8 +22,8 @@ blocks-per-program from 1 to past the whole list, partial slots filled with NaN 
 before it is written shows), counts back at zero after each launch.
 
 The interpreter runs a launch's programs one after another, in order: this checks the kernels'
-index arithmetic and their protocols' logic, not their concurrency or timing (the GPU tests do),
-and not bf16, which the interpreter does not compute.
+index arithmetic and their protocols' logic, not their concurrency or timing (the GPU tests do).
+Its ``tl.dot`` multiplies bf16's raw bits, so ``_bf16_dots`` widens bf16 operands to fp32 first.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import sys
 
 import torch
 
-EPS = {torch.float16: 2**-11, torch.float32: 2**-24}
+EPS = {torch.float16: 2**-11, torch.bfloat16: 2**-8, torch.float32: 2**-24}
 
 
 def _stand_in_gpu(sms: int, rng: random.Random):
@@ -70,6 +71,28 @@ def _stand_in_gpu(sms: int, rng: random.Random):
     return counts
 
 
+def _bf16_dots() -> None:
+    """Teach the interpreter's ``tl.dot`` bf16 (it keeps bf16 as raw uint16 and multiplies those):
+    both operands to fp32 first, exact, as the tensor cores take them. Everything else it does with
+    bf16 (loads, stores, casts to and from fp32) it already does right."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    dot = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        def wide(h):
+            if h.dtype.scalar != tl.bfloat16:
+                return h
+            data = interpreter._convert_float(h.data, tl.bfloat16, tl.float32, None).view(np.float32)
+            return interpreter.TensorHandle(data, tl.float32)
+
+        return dot(self, wide(a), wide(b), d, input_precision, max_num_imprecise_acc)
+
+    interpreter.InterpreterBuilder.create_dot = create_dot
+
+
 def _misfits(got, ref, k: int, dtype) -> float | None:
     """How far ``got`` is past the GPU tests' tolerance (None: within it)."""
     if got.shape != ref.shape:
@@ -88,6 +111,7 @@ def op(seed: int, cases: int, sms: int, tokens_from: int = 0) -> dict:
 
     rng = random.Random(seed)
     counts = _stand_in_gpu(sms, rng)
+    _bf16_dots()
     bad, cover = [], {}
     for i in range(cases):
         bh, bw = rng.choice(BLOCK_SIZES), rng.choice(BLOCK_SIZES)

@@ -5,8 +5,8 @@ failure under ``OPFORGE_TEST_REQUIRE_TRITON=1``).
 
 What this catches: wrong index arithmetic, masks, partial sums and arrival counts in any kernel
 and plan, for the kernels' block sides, grids with empty rows and columns and token counts from
-0 to past a thousand (fp16 and fp32; the interpreter doesn't compute bf16). What it can't: the
-kernels' concurrency, timing and bf16, which test_block_sparse_*_cuda.py check on a GPU.
+0 to past a thousand, fp16, bf16 and fp32. What it can't: the kernels' concurrency and timing,
+and the compiled code itself, which test_block_sparse_*_cuda.py check on a GPU.
 """
 
 from __future__ import annotations
