@@ -36,7 +36,7 @@ def interpreted(*args) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("seed, cases, sms", [(1, 50, 2), (2, 25, 132)], ids=["2-SMs", "132-SMs"])
+@pytest.mark.parametrize("seed, cases, sms", [(3, 60, 2), (2, 25, 132)], ids=["2-SMs", "132-SMs"])
 def test_every_plan_equals_masked_dense(seed, cases, sms):
     """Random calls, each planned afresh with a random kept config and route: forward, input and
     weight gradients (with the bias gradient or not) all within the GPU tests' tolerances. Two
@@ -45,7 +45,9 @@ def test_every_plan_equals_masked_dense(seed, cases, sms):
     assert got["bad"] == [], json.dumps(got["bad"][:3], indent=1)
     assert got["cases"] == cases
     if sms == 2:
-        assert PLAN_KINDS <= set(got["cover"]), got["cover"]  # a plan kind no call took: widen the draws
+        # seed 3's 60 calls take every kind (the rarest: tokens 0, the paired and the split forward);
+        # a kind none takes any more: a plan became unreachable, or the draws changed (widen them)
+        assert PLAN_KINDS <= set(got["cover"]), got["cover"]
 
 
 def test_the_weight_gradient_split_over_tokens():
