@@ -10,8 +10,8 @@ DEEPSPEED_SPEC ?= deepspeed==0.19.8
 COLOSSALAI_SPEC ?= colossalai==0.5.0
 TORCH_SPEC ?= torch==2.13.0
 # triton, for the kernels' tests in its interpreter on CPU tensors (tests/kernels/*/test_*_triton.py,
-# test_block_sparse_interpreted.py): the version torch 2.11-2.13's CUDA builds take. Where no wheel
-# installs, those tests skip (.ci/run makes that a failure: OPFORGE_TEST_REQUIRE_TRITON=1).
+# test_block_sparse_interpreted.py): the version the GPU machines run (with torch 2.11). Where no
+# wheel installs, those tests skip (.ci/run makes that a failure: OPFORGE_TEST_REQUIRE_TRITON=1).
 TRITON_SPEC ?= triton==3.6.0
 INTERP  := $(VENV)/.opforge-triton
 # Two pytest-xdist workers, a test file each at a time (its module fixtures built once): the suite's
