@@ -1,7 +1,7 @@
 """The cache's cap, ``OPFORGE_CACHE_MAX_SIZE`` (10 GiB by default; ``0``: no cap): what counts as a
 use, and what goes when the cache is over it.
 
-* **Use.** A load that finds an entry (``jit.find_entry``) marks it, at most once a day: the mtime
+* **Use.** A load that finds an entry (``lookup.find_entry``) marks it, at most once a day: the mtime
   of its ``manifest.json`` (``usage.py``, the warm path's part: one ``stat``, and a ``utime`` a day).
   Leftovers are used when they are written: a build dir by each build, a PCH by each build that
   -include's it (its record's ``last_used``).

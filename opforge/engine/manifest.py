@@ -1,6 +1,6 @@
 """A cache entry's ``manifest.json``: what was built, from what, and the binary's identity.
 
-``Manifest`` is the one shape of that record. ``jit.py`` makes it after a build, ``cache.publish``
+``Manifest`` is the one shape of that record. ``build.py`` makes it after a build, ``cache.publish``
 fills in the binary's fields as it copies the binary into the entry, and every reader (the warm
 path, ``cache list / verify``, archive export and import) gets a ``Manifest`` from
 ``Manifest.from_json``, which refuses anything that is not a manifest of ours (so a tampered

@@ -1,7 +1,7 @@
 """When each cache entry was last used, for the cache's cap (``budget.py``); on the warm path, so it
 imports nothing but what the warm path has already.
 
-A load that finds an entry (``jit.find_entry``) marks it at most once a day: when the mtime of the
+A load that finds an entry (``lookup.find_entry``) marks it at most once a day: when the mtime of the
 entry's ``manifest.json`` is more than a day old, it is set to now. That costs one ``stat`` per load,
 and a ``utime`` per entry and day. The manifest's bytes don't change, and the entry dir's own mtime
 is left alone: ``cache.Layout.candidates`` tries an input key's entries newest build first by it.

@@ -85,7 +85,7 @@ def test_a_pch_that_fails_to_build_is_skipped_silently_and_leaves_no_pch(tmp_pat
 def test_ccache_is_told_what_pch_builds_need(monkeypatch):
     """ccache passes -include'd PCH compiles through uncached unless its sloppiness has pch_defines and
     time_macros (measured by hand with Debian 12's ccache: a rebuild after `opforge cache clean` 45.5 s -> 1.2 s)."""
-    from opforge.engine.jit import _compiler_env
+    from opforge.engine.build import _compiler_env
 
     monkeypatch.setenv("CCACHE_SLOPPINESS", "include_file_mtime")
     env = _compiler_env("/usr/bin/ccache", "/cache/.pch/k/torch_extension.h")
