@@ -162,14 +162,17 @@ def op(seed: int, cases: int, sms: int, tokens_from: int = 0) -> dict:
 def plan_kinds(triton_impl, keys=None) -> list[str]:
     """What each plan ``triton_impl`` holds launches ("fwd:decode", "dx:tma", "dw:split", ...); only the
     plans not among ``keys`` (``plan_keys()`` taken earlier) when given."""
-    return [f"{what}:{_kind(plan)}" for what, plans in (("fwd", triton_impl._FWD), ("dx", triton_impl._DX),
-                                                        ("dw", triton_impl._DW))
+    return [f"{what}:{_kind(plan)}" for what, plans in _tables(triton_impl)
             for key, plan in plans.items() if keys is None or (what, key) not in keys]
 
 
 def plan_keys(triton_impl) -> set:
-    return {(what, key) for what, plans in (("fwd", triton_impl._FWD), ("dx", triton_impl._DX),
-                                            ("dw", triton_impl._DW)) for key in plans}
+    return {(what, key) for what, plans in _tables(triton_impl) for key in plans}
+
+
+def _tables(triton_impl) -> tuple:
+    """``triton_impl``'s plans by call shape: the forward's, the input gradient's, the weight gradient's."""
+    return ("fwd", triton_impl._FWD), ("dx", triton_impl._DX), ("dw", triton_impl._DW)
 
 
 def _kind(plan) -> str:
