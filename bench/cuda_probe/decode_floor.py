@@ -30,20 +30,24 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from block_sparse_decode import graph_us
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def probe_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The arguments the decode probes share: which rows of issue 35, how many rotated layers."""
     ap.add_argument("--shapes", default="4096x14336,14336x4096")
     ap.add_argument("--tokens", default="1,64")
     ap.add_argument("--densities", default="0.5,0.25,0.1")
     ap.add_argument("--layers", type=int, default=16)
-    args = ap.parse_args()
+    return ap
+
+
+def issue_rows(args, dev, dt, seed: int = 0):
+    """For each (shape, T, density) of ``args``: a dict with ``x``, dense's graph µs over ``args.layers``
+    rotated weights (``dense_us``), cuBLAS's on a dense weight of the same bytes (``same_bytes_us``,
+    ``same_rows``: its out rows; ``weights``: those weights, freed once read) and ``mods``, the
+    layers as ``BlockSparseLinear`` (64-blocks, random layouts drawn from ``seed``, no bias)."""
     from opforge.kernels.block_sparse.layout import BlockSparseLayout
     from opforge.nn import BlockSparseLinear
 
-    dev, dt, n = torch.device("cuda"), torch.bfloat16, args.layers
-    print(f"{torch.cuda.get_device_name()}, bf16, {n} layers rotated, graph-replayed, µs per layer")
-    tiny = [torch.zeros(1, device=dev) for _ in range(n)]
-    print(f"launch floor (1-element zero_): {graph_us(lambda: [t.zero_() for t in tiny], dev, n):.2f}")
+    n = args.layers
     for shape in args.shapes.split(","):
         k_in, n_out = map(int, shape.split("x"))
         for t in map(int, args.tokens.split(",")):
@@ -51,24 +55,36 @@ def main() -> None:
             ws = [torch.randn(n_out, k_in, device=dev, dtype=dt) for _ in range(n)]
             dense = graph_us(lambda: [F.linear(x, w) for w in ws], dev, n)  # noqa: B023
             ws = None
-            print(f"{k_in}->{n_out} T={t}: dense {dense:.1f}", flush=True)
             for d in map(float, args.densities.split(",")):
                 rows = max(64, round(n_out * d / 64) * 64)
                 ws = [torch.randn(rows, k_in, device=dev, dtype=dt) for _ in range(n)]
                 same = graph_us(lambda: [F.linear(x, w) for w in ws], dev, n)  # noqa: B023
-                total = [w.view(-1) for w in ws]
-                summed = graph_us(lambda: [w.sum() for w in total], dev, n)  # noqa: B023
-                ws = total = None
-                g = torch.Generator().manual_seed(0)
+                g = torch.Generator().manual_seed(seed)
                 mods = [BlockSparseLinear(k_in, n_out, bias=False, device=dev, dtype=dt, layout=BlockSparseLayout.random(
                     n_out, k_in, d, (64, 64), generator=g)).requires_grad_(False) for _ in range(n)]
-                with torch.no_grad():
-                    ours = graph_us(lambda: [m(x) for m in mods], dev, n)  # noqa: B023
-                mods = None
-                print(f"  d={d}: cuBLAS same bytes ({k_in}->{rows}) {same:.1f} (best possible {dense / same:.2f}x "
-                      f"dense); torch sum same bytes {summed:.1f}; opforge {ours:.1f} ({dense / ours:.2f}x dense, "
-                      f"{100 * same / ours:.0f}% of the floor)", flush=True)
+                yield {"in": k_in, "out": n_out, "tokens": t, "density": d, "x": x, "dense_us": dense,
+                       "same_bytes_us": same, "same_rows": rows, "weights": ws, "mods": mods}
+                ws = mods = None
                 torch.cuda.empty_cache()
+
+
+def main() -> None:
+    args = probe_args(argparse.ArgumentParser()).parse_args()
+    dev, dt, n = torch.device("cuda"), torch.bfloat16, args.layers
+    print(f"{torch.cuda.get_device_name()}, bf16, {n} layers rotated, graph-replayed, µs per layer")
+    tiny = [torch.zeros(1, device=dev) for _ in range(n)]
+    print(f"launch floor (1-element zero_): {graph_us(lambda: [t.zero_() for t in tiny], dev, n):.2f}")
+    for row in issue_rows(args, dev, dt):
+        x, dense, same, mods = row["x"], row["dense_us"], row["same_bytes_us"], row["mods"]
+        total = [w.view(-1) for w in row.pop("weights")]
+        summed = graph_us(lambda: [w.sum() for w in total], dev, n)  # noqa: B023
+        total = None
+        with torch.no_grad():
+            ours = graph_us(lambda: [m(x) for m in mods], dev, n)  # noqa: B023
+        print(f"{row['in']}->{row['out']} T={row['tokens']} d={row['density']}: cuBLAS same bytes "
+              f"({row['in']}->{row['same_rows']}) {same:.1f} (best possible {dense / same:.2f}x dense); torch sum "
+              f"same bytes {summed:.1f}; opforge {ours:.1f} ({dense / ours:.2f}x dense, {100 * same / ours:.0f}% of "
+              f"the floor)", flush=True)
 
 
 if __name__ == "__main__":

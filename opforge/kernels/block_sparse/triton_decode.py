@@ -1,7 +1,8 @@
-"""The block-sparse forward at decode sizes (up to ``DECODE_MAX_TOKENS`` tokens, issue 35):
+"""The block-sparse forwards at decode sizes (up to ``DECODE_MAX_TOKENS`` tokens, issue 35):
 ``_decode_kernel``, equal runs of the kept blocks per program whatever rows they fall in, and the
-way it finishes the rows its runs cut (``triton_impl.py`` plans and launches it, beside the
-kernels of ``triton_kernels.py``)."""
+way it finishes the rows its runs cut; ``_decode_uncut_kernel``, which cuts no row across programs
+(it deals out slices of rows along the outputs instead). ``triton_impl.py`` plans them, and routes
+each size class to the faster of them and the pointer kernel of ``triton_kernels.py``."""
 
 from __future__ import annotations
 
@@ -114,3 +115,72 @@ def _decode_store(y_ptr, b_ptr, acc, r, T, N_OUT, BH: tl.constexpr, HAS_BIAS: tl
         acc += tl.load(b_ptr + r * BH + offs_h).to(tl.float32)[None, :]
     out = y_ptr + offs_m.to(tl.int64)[:, None] * N_OUT + (r * BH + offs_h)[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < T)[:, None])
+
+
+@jit
+def _decode_uncut_kernel(x_ptr, w_ptr, b_ptr, y_ptr, cols_ptr, row_ptr_ptr, T, K_IN, N_OUT, TOTAL, CHUNK,
+                         BH: tl.constexpr, BW: tl.constexpr, SUB: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         PRECISION: tl.constexpr, BLOCK_K: tl.constexpr, SEARCH: tl.constexpr,
+                         BLOCK_M: tl.constexpr, WAVES):
+    """The forward at decode sizes with no row cut across programs, so no partial sums, no counts
+    and no waiting. A block-row of ``BH`` outputs is ``BH // SUB`` *units* of ``SUB`` outputs; a
+    unit reads its ``SUB`` rows of each of the row's blocks (contiguous: a block is stored
+    row-major) and sums them whole. Units are dealt out in order: unit ``j`` of block-row ``r``
+    starts at slice ``S * row_ptr[r] + j * n_r`` of the ``TOTAL = S * NNZ`` (``S = BH // SUB``, ``n_r``
+    the row's blocks), and program ``p`` takes the units that start in ``[p * CHUNK, (p + 1) *
+    CHUNK)`` (the last program: all that start later too, the empty rows at the end). So every
+    program streams its share of ``w`` to within one unit, and an empty row's units, which start
+    where the next row's do, store the bias (WAVES, tuned, is the programs per SM the host sized
+    CHUNK for; the kernel doesn't read it).
+
+    Against ``_decode_kernel`` (``docs/benchmarks.md``, issue 35): faster where rows are many and
+    short (4096->14336: no program waits on another), slower where they are few and long
+    (14336->4096: a unit is a large share of a program's), hence the route."""
+    S: tl.constexpr = BH // SUB
+    KSTEPS: tl.constexpr = BW // BLOCK_K
+    p = tl.program_id(0)
+    lo = p * CHUNK
+    hi = tl.where(p == tl.num_programs(0) - 1, TOTAL + 1, lo + CHUNK)
+    n_rows = N_OUT // BH
+    # the units owned: those that start below hi less those that start below lo (the starts rise
+    # in unit order); a row's units that start below a bound: ceil((bound - start) / n_r), or all
+    # of an empty row's when it starts below the bound
+    u_lo = 0
+    u_hi = 0
+    for r0 in range(0, n_rows, SEARCH):
+        rr = r0 + tl.arange(0, SEARCH)
+        ok = rr < n_rows
+        s = tl.load(row_ptr_ptr + rr, mask=ok, other=0).to(tl.int32)  # int64 indices: the counts stay int32
+        n = tl.load(row_ptr_ptr + rr + 1, mask=ok, other=0).to(tl.int32) - s
+        base = s * S
+        step = tl.maximum(n, 1)
+        u_lo += tl.sum(tl.where(ok, tl.where(n == 0, tl.where(base < lo, S, 0),
+                                             tl.where(lo > base, tl.minimum((lo - base + step - 1) // step, S), 0)),
+                                0), axis=0)
+        u_hi += tl.sum(tl.where(ok, tl.where(n == 0, tl.where(base < hi, S, 0),
+                                             tl.where(hi > base, tl.minimum((hi - base + step - 1) // step, S), 0)),
+                                0), axis=0)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_h = tl.arange(0, SUB)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < T
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * K_IN
+    for u in range(u_lo, u_hi):
+        r = u // S
+        j = u % S
+        s = tl.load(row_ptr_ptr + r)
+        e = tl.load(row_ptr_ptr + r + 1)
+        acc = tl.zeros((BLOCK_M, SUB), dtype=tl.float32)
+        w_unit = w_ptr + (j * SUB + offs_h)[None, :] * BW + offs_k[:, None]
+        for it in range(0, (e - s) * KSTEPS):
+            kb = s + it // KSTEPS
+            kk = (it % KSTEPS) * BLOCK_K
+            wt = tl.load(w_unit + kb.to(tl.int64) * (BH * BW) + kk)
+            c = tl.load(cols_ptr + kb)
+            xt = tl.load(x_rows + (c * BW + kk + offs_k)[None, :], mask=m_ok[:, None], other=0.0)
+            acc = tl.dot(xt, wt, acc, input_precision=PRECISION)
+        h = r * BH + j * SUB + offs_h
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + h).to(tl.float32)[None, :]
+        out = y_ptr + offs_m.to(tl.int64)[:, None] * N_OUT + h[None, :]
+        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None])

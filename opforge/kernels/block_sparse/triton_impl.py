@@ -4,8 +4,8 @@
   block-row's kept blocks (CSR: ``row_ptr``, ``cols``), ``x[tile, cols[k]] @ w[k]ᵀ`` in fp32 on
   the tensor cores, adds the bias and stores its ``(BLOCK_M, bh)`` tile of ``y`` once. At
   decode sizes (``decode_split``) several programs share a block-row's blocks; the last of them
-  to finish adds their fp32 partial sums, in the same launch. Up to 64 tokens a route picks this
-  or ``_decode_kernel``; past them, with the copy engine, this or the paired forward (two
+  to finish adds their fp32 partial sums, in the same launch. Up to 64 tokens a route picks this,
+  ``_decode_kernel`` or ``_decode_uncut_kernel`` (``triton_decode.py``); past them, with the copy engine, this or the paired forward (two
   block-rows a program, ``pairs.py``).
 * ``grad_input``: the same over block-columns (CSC: ``col_ptr``, ``col_order``),
   ``dy[tile, rows[k]] @ w[k]`` into a ``(BLOCK_M, bw)`` tile of ``dx``.
@@ -51,6 +51,7 @@ from .triton_plans import (
     _REFERENCE,
     _SPLIT,
     _TMA,
+    _UNCUT,
     DECODE_ROUTE,
     FAMILY,
     FWD_ROUTE,
@@ -72,6 +73,8 @@ from .triton_sizing import (
     decode_fits,
     decode_search,
     decode_split,
+    decode_uncut_fits,
+    decode_uncut_sub,
     depth,
     device_facts,
     dw_fits,
@@ -167,9 +170,11 @@ def _pointer_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, key):
 
 
 def _decode_route(x, w, b, y, cols, row_ptr, out_features, has_bias, sms, key):
-    """The decode plan or the pointer plan, whichever ``DECODE_ROUTE`` found faster for this size
-    class (each tuned first; both launched once on these arguments when the route is timed)."""
+    """The decode plan, the uncut plan or the pointer plan, whichever ``DECODE_ROUTE`` found fastest
+    for this size class (each tuned first; each launched once on these arguments when the route is
+    timed)."""
     plans = {"decode": _decode_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms),
+             "uncut": _uncut_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms),
              "pointer": _pointer_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, key)}
     return _routed(DECODE_ROUTE, "route", plans, x, w, b, y, cols, row_ptr, out_features, has_bias, key)
 
@@ -195,6 +200,25 @@ def _decode_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms):
     plan = _plan("decode", key, x.device.index, build, lambda c: decode_fits(c, tokens, bh, bw, size))
     plan.facts = facts_of(plan.choice)[0]
     return plan
+
+
+def _uncut_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms):
+    """The forward at decode sizes with no row cut across programs (``_decode_uncut_kernel``): its
+    config tuned per size class as the decode plan's, the units per program sized from the programs."""
+    nnz, bh, bw = w.shape
+    tokens, in_features = x.shape
+    grid_r = out_features // bh
+    prec, size, sub = precision(x.dtype), x.element_size(), decode_uncut_sub(bh)
+    total = bh // sub * nnz
+    block_k, search = decode_block_k(bw), decode_search(grid_r)
+
+    def build(c):
+        chunk, programs = decode_chunk(total, c.kwargs["WAVES"], sms)
+        return ((programs,), _fwd_prefix((_UNCUT,), x, w, b, y, cols, row_ptr),
+                (tokens, in_features, out_features, total, chunk, bh, bw, sub, has_bias, prec, block_k, search))
+    key = ("decode_uncut", x.dtype, prec, bucket(tokens), bh, bw, bucket(nnz), depth(nnz, grid_r), has_bias)
+    return _plan("decode_uncut", key, x.device.index, build, lambda c: decode_uncut_fits(c, tokens, bh, bw, size),
+                 facts=(_UNCUT,))
 
 
 def grad_input(dy, w, rows, cols, col_ptr, col_order, in_features: int):

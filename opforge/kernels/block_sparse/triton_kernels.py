@@ -6,7 +6,7 @@ sizes their work). See its docstring for what each computes.
   Hopper and newer), used where the operands allow it (``triton_sizing.tma_ready``).
 * ``_fwd_pair_kernel``: the copy-engine forward with two neighbouring block-rows a program
   (``pairs.py``), where the tuning finds it faster.
-* ``_decode_kernel`` (in ``triton_decode.py``): the forward at decode sizes.
+* ``_decode_kernel`` and ``_decode_uncut_kernel`` (in ``triton_decode.py``): the forwards at decode sizes.
 * ``_dw_kernel``: the weight gradient, on the kept blocks only.
 
 Indices arrive as int64 and are narrowed to int32 where they address a TMA box (the caller

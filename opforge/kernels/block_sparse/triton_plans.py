@@ -17,7 +17,7 @@ from ..triton_compat import triton
 from ..triton_launch import Plan, Route, TunedKernel
 from ..triton_tma import Described
 from . import pairs
-from .triton_decode import _decode_kernel
+from .triton_decode import _decode_kernel, _decode_uncut_kernel
 from .triton_kernels import (
     _dw_kernel,
     _dx_kernel,
@@ -30,6 +30,7 @@ from .triton_sizing import (
     bucket,
     cdiv,
     decode_configs,
+    decode_uncut_configs,
     dw_configs,
     fwd_configs,
     m_configs,
@@ -48,16 +49,17 @@ KERNELS = {} if triton is None else {
     "fwd_tma": TunedKernel(FAMILY, _fwd_tma_kernel, m_configs()),
     "fwd_pair": TunedKernel(FAMILY, _fwd_pair_kernel, m_configs()),
     "decode": TunedKernel(FAMILY, _decode_kernel, decode_configs()),
+    "decode_uncut": TunedKernel(FAMILY, _decode_uncut_kernel, decode_uncut_configs()),
     "dx_tma": TunedKernel(FAMILY, _dx_tma_kernel, m_configs()),
     "dw": TunedKernel(FAMILY, _dw_kernel, dw_configs()),
 }
 """Each kernel with its candidate configs and the ones chosen (``kernels/triton_launch.py``)."""
 
-DECODE_ROUTE = None if triton is None else Route(FAMILY, "decode_route", ("decode", "pointer"),
-                                                  (KERNELS["decode"], KERNELS["fwd"]))
+DECODE_ROUTE = None if triton is None else Route(FAMILY, "decode_route", ("decode", "uncut", "pointer"),
+                                                  (KERNELS["decode"], KERNELS["decode_uncut"], KERNELS["fwd"]))
 """Up to ``DECODE_MAX_TOKENS`` tokens, which forward runs a size class: ``_decode_kernel`` (equal runs
-of blocks per program) or the pointer kernel (a block-row per program, split at T <= 32), timed
-once per key and kept (on an H200 the decode kernel took 1.4x the pointer kernel's time at d=0.1,
+of blocks per program), ``_decode_uncut_kernel`` (no row cut across programs) or the pointer kernel
+(a block-row per program, split at T <= 32), timed once per key and kept (on an H200 the decode kernel took 1.4x the pointer kernel's time at d=0.1,
 T=64 on 4096->14336, and half of it on 14336->4096 at T=64: ``docs/benchmarks.md``, issue 35)."""
 
 FWD_ROUTE = None if triton is None else Route(FAMILY, "fwd_route", ("rows", "pairs"),
@@ -75,7 +77,7 @@ where nothing is timed (tuning off, a capture)."""
 # sizing, config and compiled kernel depend on; a call's own tensors (and outputs) go in at
 # launch, so a plan never holds a pointer or a descriptor of an earlier call.
 _REFERENCE = "reference"
-_TMA, _SPLIT, _PLAIN, _DECODE, _PAIR = "tma", "split", "plain", "decode", "pair"
+_TMA, _SPLIT, _PLAIN, _DECODE, _UNCUT, _PAIR = "tma", "split", "plain", "decode", "uncut", "pair"
 """What a forward plan launches (its ``facts[0]``), for ``_fwd_prefix``."""
 _MAX_PLANS = 4096
 
@@ -110,6 +112,8 @@ def _fwd_prefix(facts, x, w, b, y, cols, row_ptr) -> tuple:
     if kind is _DECODE:  # (_DECODE, partial slots, block-rows): a slot holds (tokens, bh)
         part = torch.empty(facts[1], x.shape[0], w.shape[1], dtype=torch.float32, device=x.device)
         return x, w, b, y, part, split_counts(x.device.index, facts[2]), cols, row_ptr
+    if kind is _UNCUT:
+        return x, w, b, y, cols, row_ptr
     if kind is _SPLIT:
         part = torch.empty(facts[1], x.shape[0], y.shape[1], dtype=torch.float32, device=x.device)
         return x, w, b, y, part, split_counts(x.device.index, facts[2]), cols, row_ptr

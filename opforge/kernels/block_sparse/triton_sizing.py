@@ -268,6 +268,33 @@ def decode_configs():
             for m in (16, 32, 64) for w, st in DECODE_PIPES for waves in DECODE_WAVES]
 
 
+DECODE_UNCUT_WAVES = (4, 3, 1, 8)
+"""``_decode_uncut_kernel``'s candidate programs per SM, the untimed choice first."""
+
+DECODE_UNCUT_PIPES = ((2, 8), (4, 8), (4, 12))
+"""``_decode_uncut_kernel``'s (warps, stages): deep pipelines, since a unit's tile is thin (measured
+on an H100 with ``bench/cuda_probe/decode_units.py``: these three were the best of 2 to 12 stages
+within 1.5% in all 18 of issue 35's rows)."""
+
+
+def decode_uncut_configs():
+    """``_decode_uncut_kernel``'s candidates: the token tile (as ``decode_configs``) by each pipeline of
+    ``DECODE_UNCUT_PIPES`` and each count of programs per SM of ``DECODE_UNCUT_WAVES``."""
+    return [triton.Config({"BLOCK_M": m, "WAVES": waves}, num_warps=w, num_stages=st)
+            for m in (16, 32, 64) for w, st in DECODE_UNCUT_PIPES for waves in DECODE_UNCUT_WAVES]
+
+
+def decode_uncut_sub(bh: int) -> int:
+    """The outputs of one unit of ``_decode_uncut_kernel``: a whole block-row up to 64 high (the
+    probe's best at 64-blocks), half of a 128-high one."""
+    return min(bh, 64)
+
+
+def decode_uncut_fits(c, tokens: int, bh: int, bw: int, size: int) -> bool:
+    """As ``decode_fits``, for a unit's tile of w (``decode_uncut_sub(bh)`` rows)."""
+    return decode_fits(c, tokens, decode_uncut_sub(bh), bw, size)
+
+
 def decode_block_k(bw: int) -> int:
     return min(bw, 64)
 
@@ -308,6 +335,7 @@ def device_facts(device: torch.device) -> tuple[int, int, bool]:
 _DEVICES: dict = {}
 
 
-__all__ = ["DECODE_MAX_TOKENS", "DECODE_PIPES", "DECODE_WAVES", "KERNEL_DTYPES", "M_TILES", "SPLITS", "SPLIT_MAX_TOKENS", "TMA_MIN_TOKENS", "bucket", "cdiv",
-           "decode_block_k", "decode_chunk", "decode_configs", "decode_fits", "decode_search", "decode_split", "depth", "device_facts", "dw_configs", "dw_fits", "fwd_configs", "has_tma", "m_configs",
+__all__ = ["DECODE_MAX_TOKENS", "DECODE_PIPES", "DECODE_UNCUT_PIPES", "DECODE_UNCUT_WAVES", "DECODE_WAVES", "KERNEL_DTYPES", "M_TILES", "SPLITS", "SPLIT_MAX_TOKENS", "TMA_MIN_TOKENS", "bucket", "cdiv",
+           "decode_block_k", "decode_chunk", "decode_configs", "decode_fits", "decode_search", "decode_split",
+           "decode_uncut_configs", "decode_uncut_fits", "decode_uncut_sub", "depth", "device_facts", "dw_configs", "dw_fits", "fwd_configs", "has_tma", "m_configs",
            "m_fits", "pow2", "precision", "split_counts", "supported", "tma_ready"]

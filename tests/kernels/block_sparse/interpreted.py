@@ -5,6 +5,7 @@ at decoration time whether a kernel compiles or interprets). Prints one JSON lin
     python interpreted.py op SEED CASES SMS [TOKENS]   the whole path of triton_impl.py
                                                       (TOKENS: every call has TOKENS to TOKENS + 276)
     python interpreted.py decode SEED LAYOUTS          _decode_kernel with every run length
+    python interpreted.py uncut SEED LAYOUTS           _decode_uncut_kernel with every share a program
 
 ``op``: random calls of ``forward``, ``grad_input`` and ``grad_weight(_bias)`` (block sides of the
 kernels, grids of 1-4 blocks, empty rows and columns, 0-400 tokens, now and then 1024-1300, x aligned
@@ -20,6 +21,10 @@ zero before every launch that uses it and at the end.
 ``decode``: ``_decode_kernel`` on random tiny layouts (empty ones, empty and full rows) with every
 blocks-per-program from 1 to past the whole list, partial slots filled with NaN (a slot read
 before it is written shows), counts back at zero after each launch.
+
+``uncut``: ``_decode_uncut_kernel`` on the same kind of layouts, with units of a whole block-row and of
+a half or a quarter of one, every share a program from one slice to past the whole list, y filled
+with NaN (an output no program stores shows).
 
 The interpreter runs a launch's programs one after another, in order: this checks the kernels'
 index arithmetic and their protocols' logic, not their concurrency or timing (the GPU tests do).
@@ -222,8 +227,46 @@ def decode(seed: int, layouts: int) -> dict:
     return {"launches": launches, "bad": bad}
 
 
+def uncut(seed: int, layouts: int) -> dict:
+    from opforge.kernels.block_sparse import triton_sizing
+    from opforge.kernels.block_sparse.layout import BlockSparseLayout
+    from opforge.kernels.block_sparse.triton_decode import _decode_uncut_kernel
+
+    rng = random.Random(seed)
+    bad, launches = [], 0
+    for i in range(layouts):
+        bh, bw = rng.choice([(16, 16), (32, 16), (64, 16), (16, 64)])
+        sub = rng.choice([s for s in (16, 32, 64) if s <= bh])
+        grid = (rng.randint(1, 6), rng.randint(1, 5))
+        g = torch.Generator().manual_seed(rng.randint(0, 2**16))
+        lay = BlockSparseLayout(torch.rand(grid, generator=g) < rng.random(), (bh, bw))
+        idx = lay.indices()
+        out_f, in_f = lay.shape
+        tokens = rng.choice([1, 2, 5, 17])
+        has_bias = rng.random() < 0.5
+        x = torch.randn(tokens, in_f, generator=g)
+        w = torch.randn(lay.nnz, bh, bw, generator=g)
+        b = torch.randn(out_f, generator=g)
+        ref = x.double() @ lay.scatter(w.double()).t() + (b.double() if has_bias else 0)
+        total = bh // sub * lay.nnz
+        for chunk in range(1, total + 2):
+            programs = max(1, -(-total // chunk))
+            y = torch.full((tokens, out_f), float("nan"))
+            _decode_uncut_kernel[(programs,)](x, w, b, y, idx.cols, idx.row_ptr, tokens, in_f, out_f, total, chunk,
+                                              BH=bh, BW=bw, SUB=sub, HAS_BIAS=has_bias, PRECISION="ieee",
+                                              BLOCK_K=triton_sizing.decode_block_k(bw),
+                                              SEARCH=triton_sizing.decode_search(grid[0]),
+                                              BLOCK_M=max(16, triton_sizing.pow2(tokens)), WAVES=1)
+            launches += 1
+            err = (y.double() - ref).abs().max().item() if y.numel() else 0.0
+            if not err <= 1e-4 * max(1.0, ref.abs().max().item()):
+                bad.append({"layout": i, "mask": lay.mask.int().tolist(), "block": [bh, bw], "sub": sub,
+                            "tokens": tokens, "chunk": chunk, "err": err})
+    return {"launches": launches, "bad": bad}
+
+
 if __name__ == "__main__":  # set before opforge's kernels (and triton) are imported; not at import (doctests)
     os.environ["TRITON_INTERPRET"] = "1"
     os.environ["OPFORGE_TRITON_DIRECT"] = "0"  # launches through triton's JIT, which interprets them
     what, args = sys.argv[1], [int(a) for a in sys.argv[2:]]
-    print(json.dumps(op(*args) if what == "op" else decode(*args)))
+    print(json.dumps({"op": op, "decode": decode, "uncut": uncut}[what](*args)))

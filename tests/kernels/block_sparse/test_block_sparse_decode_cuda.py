@@ -1,8 +1,10 @@
-"""The decode forward (issue 35): up to ``DECODE_MAX_TOKENS`` tokens, equal runs of the kept blocks
-per program whatever rows they fall in. Checked against the masked dense fp64 result for every
-block size, bf16 and fp16, layouts with empty rows, a full row and rows of every length, every
-way the runs can cut the rows (the kernel called with each run length), and under CUDA graph
-replay."""
+"""The decode forwards (issue 35), up to ``DECODE_MAX_TOKENS`` tokens: ``_decode_kernel`` (equal runs
+of the kept blocks per program whatever rows they fall in) and ``_decode_uncut_kernel`` (units of
+whole rows, or slices of rows along the outputs, dealt out in order), each through the op (the
+route made to take it first, as it does untimed) and called directly. Checked against the masked
+dense fp64 result for every block size, bf16 and fp16, layouts with empty rows, a full row and
+rows of every length, every way the runs can cut the rows (the kernels called with each run
+length or share), and under CUDA graph replay."""
 
 from __future__ import annotations
 
@@ -11,13 +13,24 @@ import torch
 from block_sparse_cases import case, close
 
 import opforge.ops  # noqa: F401
-from opforge.kernels.block_sparse import triton_decode, triton_sizing
+from opforge.kernels.block_sparse import triton_decode, triton_impl, triton_sizing
 from opforge.kernels.block_sparse.layout import BlockSparseLayout
 from opforge.ops import block_sparse_linear
 
 pytestmark = pytest.mark.cuda
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+@pytest.fixture(params=["decode", "uncut"])
+def route(request, monkeypatch):
+    """The decode route with ``request.param`` first: the kernel the op runs untimed (the tests run
+    the first fitting config, untimed: conftest.py)."""
+    names = triton_impl.DECODE_ROUTE.names
+    monkeypatch.setattr(triton_impl.DECODE_ROUTE, "names", (request.param, *(n for n in names if n != request.param)))
+    triton_impl.forget_plans()
+    yield request.param
+    triton_impl.forget_plans()
+
 
 def ragged(grid_c: int) -> torch.Tensor:
     """Rows of 0, 1, ..., grid_c blocks (an empty row first, a full row last), shuffled columns."""
@@ -42,7 +55,7 @@ def layouts(block: int):
 @pytest.mark.parametrize("block", [(16, 16), (32, 32), (64, 64), (128, 128), (32, 64), (64, 16)],
                          ids=lambda b: f"{b[0]}x{b[1]}")
 @pytest.mark.parametrize("tokens", [1, 2, 17, 64])
-def test_the_op_equals_masked_dense(tokens, block, dtype):
+def test_the_op_equals_masked_dense(tokens, block, dtype, route):
     for name, mask in layouts(block[0]):
         for bias in (True, False):
             lay, w, x, b, ref = case(mask, block, tokens, dtype, bias)
@@ -99,7 +112,40 @@ def test_many_small_layouts_every_run_length_twice(block):
                 close(run_kernel(lay, w, x, b, chunk, max(16, triton_sizing.pow2(tokens))), ref, torch.float16)
 
 
-def test_fp32_through_the_op():
+def run_uncut(lay, w, x, b, chunk: int, sub: int):
+    """``_decode_uncut_kernel`` with an explicit share a program (in slices: a unit is a row's blocks'
+    ``sub`` rows) and unit height."""
+    idx = lay.indices("cuda")
+    nnz, bh, bw = w.shape
+    tokens, k_in = x.shape
+    n_out = lay.shape[0]
+    total = bh // sub * nnz
+    programs = max(1, -(-total // chunk))
+    y = torch.full((tokens, n_out), float("nan"), device="cuda", dtype=x.dtype)
+    triton_decode._decode_uncut_kernel[(programs,)](
+        x, w, b if b is not None else w, y, idx.cols, idx.row_ptr, tokens, k_in, n_out, total, chunk,
+        BH=bh, BW=bw, SUB=sub, HAS_BIAS=b is not None, PRECISION="tf32", BLOCK_K=triton_sizing.decode_block_k(bw),
+        SEARCH=triton_sizing.decode_search(n_out // bh), BLOCK_M=max(16, triton_sizing.pow2(tokens)), WAVES=1,
+        num_stages=8)
+    return y
+
+
+@pytest.mark.parametrize("block", [(16, 16), (64, 64), (128, 64)], ids=lambda b: f"{b[0]}x{b[1]}")
+@pytest.mark.parametrize("tokens", [1, 17, 64])
+def test_every_share_of_the_uncut_kernel(tokens, block):
+    """Shares of 1, 2, 3, 5 and 7 slices, of all, of more than all; units of a whole row, a half and
+    (16-high) a smaller slice: every output stored once (y starts as NaN), empty rows' bias too."""
+    for _, mask in layouts(block[0]):
+        lay, w, x, b, ref = case(mask, block, tokens, torch.float16)
+        for sub in sorted({16, block[0] // 2 or 16, block[0]} & {16, 32, 64, 128}):
+            if sub > block[0]:
+                continue
+            total = block[0] // sub * lay.nnz
+            for chunk in sorted({1, 2, 3, 5, 7, max(1, total), total + 4}):
+                close(run_uncut(lay, w, x, b, chunk, sub), ref, torch.float16)
+
+
+def test_fp32_through_the_op(route):
     """fp32 at decode sizes, ieee and tf32 (the kernel's precision follows torch's flag)."""
     lay, w, x, b, ref = case(ragged(6), (32, 32), 17, torch.float32)
     old = torch.backends.cuda.matmul.allow_tf32
@@ -113,7 +159,7 @@ def test_fp32_through_the_op():
         torch.backends.cuda.matmul.allow_tf32 = old
 
 
-def test_a_real_model_size_with_uneven_rows():
+def test_a_real_model_size_with_uneven_rows(route):
     """4096 -> 14336 in 64-blocks with rows from empty to full (``by_magnitude`` of a weight whose
     rows' scales differ), at T = 1 and 64, through the tuned path."""
     g = torch.Generator().manual_seed(3)
@@ -130,7 +176,7 @@ def test_a_real_model_size_with_uneven_rows():
 
 
 @pytest.mark.parametrize("tokens", [1, 64])
-def test_graph_replay_equals_eager(tokens):
+def test_graph_replay_equals_eager(tokens, route):
     lay, w, x, b, _ = case(ragged(8), (64, 64), tokens, torch.bfloat16)
     static_x = x.clone()
     side = torch.cuda.Stream()

@@ -23,7 +23,7 @@ from conftest import ROOT, triton_or_skip
 triton_or_skip()
 
 SCRIPT = Path(__file__).with_name("interpreted.py")
-PLAN_KINDS = {"fwd:plain", "fwd:split", "fwd:decode", "fwd:tma", "fwd:pair", "fwd:reference", "dx:plain", "dx:tma",
+PLAN_KINDS = {"fwd:plain", "fwd:split", "fwd:decode", "fwd:uncut", "fwd:tma", "fwd:pair", "fwd:reference", "dx:plain", "dx:tma",
               "dw:whole"}
 
 
@@ -62,5 +62,14 @@ def test_decode_kernel_every_run_length():
     blocks a program from one to past the whole list: rows cut anywhere, owners after any number of
     partials; NaN in the partial slots, counts back at zero after each launch."""
     got = interpreted("decode", 3, 30)
+    assert got["bad"] == [], json.dumps(got["bad"][:3], indent=1)
+    assert got["launches"] > 150
+
+
+def test_uncut_kernel_every_share():
+    """``_decode_uncut_kernel`` on 30 random tiny layouts, units of a whole block-row, a half or a
+    quarter, every share a program from one slice to past the whole list: each output stored once
+    by one program (y starts as NaN), empty rows (the bias) too, wherever the shares fall."""
+    got = interpreted("uncut", 3, 30)
     assert got["bad"] == [], json.dumps(got["bad"][:3], indent=1)
     assert got["launches"] > 150

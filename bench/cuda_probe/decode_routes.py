@@ -1,0 +1,60 @@
+"""Probe: each of the decode route's forwards on issue 35's rows, and what the route picks. For each
+layer shape, T and density: 16 rotated ``BlockSparseLinear`` layers (64-blocks, random layouts),
+graph-replayed, GPU µs per layer, with the route made to take each of ``DECODE_ROUTE.names`` alone
+(its config tuned as in use), then the route as in use (each timed once, the fastest kept) and the
+plan it made. Beside them: dense ``F.linear`` and cuBLAS on the same bytes (the floor).
+
+Usage::
+
+    python bench/cuda_probe/decode_routes.py [--shapes 4096x14336,14336x4096] [--tokens 1,16,64]
+        [--densities 0.5,0.25,0.1] [--layers 16] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode_floor import graph_us, issue_rows, probe_args  # bench/block_sparse_decode.py's graph_us
+
+
+def main() -> None:
+    ap = probe_args(argparse.ArgumentParser())
+    ap.add_argument("--json")
+    ap.set_defaults(tokens="1,16,64")
+    args = ap.parse_args()
+    from opforge.kernels.block_sparse import triton_impl
+
+    dev, dt, n = torch.device("cuda"), torch.bfloat16, args.layers
+    route = triton_impl.DECODE_ROUTE
+    names = route.names
+    out = {"device": torch.cuda.get_device_name(), "rows": []}
+    for row in issue_rows(args, dev, dt, seed=1):
+        x, mods, dense = row.pop("x"), row.pop("mods"), row["dense_us"]
+        row.pop("weights")
+        with torch.no_grad():
+            for name in (*names, None):  # each alone, then the route as in use
+                route.names = names if name is None else (name,)
+                route.forget()
+                triton_impl.forget_plans()
+                row[name or "routed"] = graph_us(lambda: [m(x) for m in mods], dev, n)  # noqa: B023
+            row["picked"] = sorted({str(p.facts[0] if isinstance(p.facts, tuple) else p.facts)
+                                    for p in triton_impl._FWD.values() if not isinstance(p, str)})
+        out["rows"].append(row)
+        best = min(names, key=row.get)
+        print(f"{row['in']}->{row['out']} T={row['tokens']} d={row['density']}: dense {dense:.1f} floor "
+              f"{row['same_bytes_us']:.1f}; " + " ".join(f"{k} {row[k]:.1f}" for k in names)
+              + f"; routed {row['routed']:.1f} ({dense / row['routed']:.2f}x, picked {row['picked']}, "
+              f"best {best} {dense / row[best]:.2f}x)", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
