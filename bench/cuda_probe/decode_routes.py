@@ -26,9 +26,16 @@ from decode_floor import graph_us, issue_rows, probe_args  # bench/block_sparse_
 def main() -> None:
     ap = probe_args(argparse.ArgumentParser())
     ap.add_argument("--json")
+    ap.add_argument("--warmup-ms", type=float, help="time the candidates with this much do_bench warm-up (opforge: 5)")
     ap.set_defaults(tokens="1,16,64")
     args = ap.parse_args()
+    from opforge.kernels import triton_launch
     from opforge.kernels.block_sparse import triton_impl
+
+    if args.warmup_ms is not None:
+        from triton.testing import do_bench
+
+        triton_launch.TunedKernel._time = lambda self, fn: do_bench(fn, warmup=args.warmup_ms, rep=25)
 
     dev, dt, n = torch.device("cuda"), torch.bfloat16, args.layers
     route = triton_impl.DECODE_ROUTE
@@ -45,12 +52,15 @@ def main() -> None:
                 row[name or "routed"] = graph_us(lambda: [m(x) for m in mods], dev, n)  # noqa: B023
             row["picked"] = sorted({str(p.facts[0] if isinstance(p.facts, tuple) else p.facts)
                                     for p in triton_impl._FWD.values() if not isinstance(p, str)})
+            row["configs"] = {name: [f"{c.kwargs} w{c.num_warps} s{c.num_stages}" for c in k._chosen.values()]
+                              for name, k in (("decode", triton_impl.KERNELS["decode"]),
+                                              ("uncut", triton_impl.KERNELS["decode_uncut"]))}
         out["rows"].append(row)
         best = min(names, key=row.get)
         print(f"{row['in']}->{row['out']} T={row['tokens']} d={row['density']}: dense {dense:.1f} floor "
               f"{row['same_bytes_us']:.1f}; " + " ".join(f"{k} {row[k]:.1f}" for k in names)
               + f"; routed {row['routed']:.1f} ({dense / row['routed']:.2f}x, picked {row['picked']}, "
-              f"best {best} {dense / row[best]:.2f}x)", flush=True)
+              f"best {best} {dense / row[best]:.2f}x); tuned {row['configs']}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
