@@ -189,24 +189,29 @@ def _kind(plan) -> str:
     return str(facts[0])
 
 
+def _tiny(rng: random.Random, blocks: list):
+    """A tiny random layout (1-6 x 1-5 blocks of a side of ``blocks``, any density: empty ones, empty
+    and full rows), its tokens (1, 2, 5 or 17), x, the kept blocks and a bias, fp32."""
+    from opforge.kernels.block_sparse.layout import BlockSparseLayout
+
+    bh, bw = rng.choice(blocks)
+    grid = (rng.randint(1, 6), rng.randint(1, 5))
+    g = torch.Generator().manual_seed(rng.randint(0, 2**16))
+    lay = BlockSparseLayout(torch.rand(grid, generator=g) < rng.random(), (bh, bw))
+    tokens = rng.choice([1, 2, 5, 17])
+    x = torch.randn(tokens, lay.shape[1], generator=g)
+    return lay, tokens, x, torch.randn(lay.nnz, bh, bw, generator=g), torch.randn(lay.shape[0], generator=g)
+
+
 def decode(seed: int, layouts: int) -> dict:
     from opforge.kernels.block_sparse import triton_sizing
-    from opforge.kernels.block_sparse.layout import BlockSparseLayout
     from opforge.kernels.block_sparse.triton_decode import _decode_kernel
 
     rng = random.Random(seed)
     bad, launches = [], 0
     for i in range(layouts):
-        bh, bw = rng.choice([(16, 16), (32, 16), (16, 64)])
-        grid = (rng.randint(1, 6), rng.randint(1, 5))
-        g = torch.Generator().manual_seed(rng.randint(0, 2**16))
-        lay = BlockSparseLayout(torch.rand(grid, generator=g) < rng.random(), (bh, bw))
-        idx = lay.indices()
-        out_f, in_f = lay.shape
-        tokens = rng.choice([1, 2, 5, 17])
-        x = torch.randn(tokens, in_f, generator=g)
-        w = torch.randn(lay.nnz, bh, bw, generator=g)
-        b = torch.randn(out_f, generator=g)
+        lay, tokens, x, w, b = _tiny(rng, [(16, 16), (32, 16), (16, 64)])
+        idx, (out_f, in_f), (bh, bw), grid = lay.indices(), lay.shape, lay.block_shape, lay.grid
         ref = x.double() @ lay.scatter(w.double()).t() + b.double()
         counts = torch.zeros(grid[0], dtype=torch.int32)
         for chunk in range(1, lay.nnz + 2):
@@ -229,24 +234,15 @@ def decode(seed: int, layouts: int) -> dict:
 
 def uncut(seed: int, layouts: int) -> dict:
     from opforge.kernels.block_sparse import triton_sizing
-    from opforge.kernels.block_sparse.layout import BlockSparseLayout
     from opforge.kernels.block_sparse.triton_decode import _decode_uncut_kernel
 
     rng = random.Random(seed)
     bad, launches = [], 0
     for i in range(layouts):
-        bh, bw = rng.choice([(16, 16), (32, 16), (64, 16), (16, 64)])
+        lay, tokens, x, w, b = _tiny(rng, [(16, 16), (32, 16), (64, 16), (16, 64)])
+        idx, (out_f, in_f), (bh, bw), grid = lay.indices(), lay.shape, lay.block_shape, lay.grid
         sub = rng.choice([s for s in (16, 32, 64) if s <= bh])
-        grid = (rng.randint(1, 6), rng.randint(1, 5))
-        g = torch.Generator().manual_seed(rng.randint(0, 2**16))
-        lay = BlockSparseLayout(torch.rand(grid, generator=g) < rng.random(), (bh, bw))
-        idx = lay.indices()
-        out_f, in_f = lay.shape
-        tokens = rng.choice([1, 2, 5, 17])
         has_bias = rng.random() < 0.5
-        x = torch.randn(tokens, in_f, generator=g)
-        w = torch.randn(lay.nnz, bh, bw, generator=g)
-        b = torch.randn(out_f, generator=g)
         ref = x.double() @ lay.scatter(w.double()).t() + (b.double() if has_bias else 0)
         total = bh // sub * lay.nnz
         for chunk in range(1, total + 2):
