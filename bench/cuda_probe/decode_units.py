@@ -35,74 +35,8 @@ import sys
 import torch
 import torch.nn.functional as F
 import triton
-import triton.language as tl
 
 from opforge.kernels.block_sparse.triton_decode import _decode_uncut_kernel
-from opforge.kernels.triton_compat import TensorDescriptor
-
-
-@triton.jit
-def _uncut_tma_kernel(x_desc, w_desc, y_ptr, cols_ptr, row_ptr_ptr, T, N_OUT, TOTAL, CHUNK, BH: tl.constexpr,
-                      BW: tl.constexpr, SUB: tl.constexpr, BLOCK_K: tl.constexpr, SEARCH: tl.constexpr,
-                      BLOCK_M: tl.constexpr):
-    """An experiment: ``_decode_uncut_kernel`` (whole rows, no bias) with x and w brought in by the
-    copy engine (TMA descriptors: x ``(T, in)`` boxes of ``(BLOCK_M, BLOCK_K)``, rows past T zeros;
-    w ``(nnz * BH, BW)`` boxes of ``(SUB, BLOCK_K)``), as cuBLAS's decode GEMV does."""
-    S: tl.constexpr = BH // SUB
-    KSTEPS: tl.constexpr = BW // BLOCK_K
-    p = tl.program_id(0)
-    lo = p * CHUNK
-    hi = tl.where(p == tl.num_programs(0) - 1, TOTAL + 1, lo + CHUNK)
-    n_rows = N_OUT // BH
-    u_lo = 0
-    u_hi = 0
-    for r0 in range(0, n_rows, SEARCH):
-        rr = r0 + tl.arange(0, SEARCH)
-        ok = rr < n_rows
-        s = tl.load(row_ptr_ptr + rr, mask=ok, other=0).to(tl.int32)
-        n = tl.load(row_ptr_ptr + rr + 1, mask=ok, other=0).to(tl.int32) - s
-        base = s * S
-        step = tl.maximum(n, 1)
-        u_lo += tl.sum(tl.where(ok, tl.where(n == 0, tl.where(base < lo, S, 0),
-                                             tl.where(lo > base, tl.minimum((lo - base + step - 1) // step, S), 0)),
-                                0), axis=0)
-        u_hi += tl.sum(tl.where(ok, tl.where(n == 0, tl.where(base < hi, S, 0),
-                                             tl.where(hi > base, tl.minimum((hi - base + step - 1) // step, S), 0)),
-                                0), axis=0)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_h = tl.arange(0, SUB)
-    for u in range(u_lo, u_hi):
-        r = u // S
-        j = u % S
-        s = tl.load(row_ptr_ptr + r).to(tl.int32)
-        e = tl.load(row_ptr_ptr + r + 1).to(tl.int32)
-        acc = tl.zeros((BLOCK_M, SUB), dtype=tl.float32)
-        for it in range(0, (e - s) * KSTEPS):
-            kb = s + it // KSTEPS
-            kk = (it % KSTEPS) * BLOCK_K
-            wt = w_desc.load([kb * BH + j * SUB, kk])
-            c = tl.load(cols_ptr + kb).to(tl.int32)
-            xt = x_desc.load([0, c * BW + kk])
-            acc = tl.dot(xt, wt.T, acc)
-        out = y_ptr + offs_m.to(tl.int64)[:, None] * N_OUT + (r * BH + j * SUB + offs_h)[None, :]
-        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < T)[:, None])
-
-
-def tma_forward(x, w, cols, row_ptr, out_features, sub, waves, sms, num_warps=4, num_stages=4, y=None):
-    """``units_forward`` through ``_uncut_tma_kernel``."""
-    nnz, bh, bw = w.shape
-    tokens, k_in = x.shape
-    total = (bh // sub) * nnz
-    chunk = max(1, triton.cdiv(total, waves * sms))
-    programs = max(1, triton.cdiv(total, chunk))
-    y = torch.empty(tokens, out_features, dtype=x.dtype, device=x.device) if y is None else y
-    block_m, block_k = max(16, _pow2(tokens)), min(bw, 64)
-    x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [block_m, block_k])
-    w_desc = TensorDescriptor(w, [nnz * bh, bw], [bw, 1], [sub, block_k])
-    _uncut_tma_kernel[(programs,)](x_desc, w_desc, y, cols, row_ptr, tokens, out_features, total, chunk, BH=bh, BW=bw,
-                                   SUB=sub, BLOCK_K=block_k, SEARCH=min(1024, max(16, _pow2(out_features // bh))),
-                                   BLOCK_M=block_m, num_warps=num_warps, num_stages=num_stages)
-    return y
 
 
 def _pow2(n: int) -> int:
@@ -130,9 +64,8 @@ def _indices(layout, device):
     return idx.cols.to(torch.int32).to(device), idx.row_ptr.to(torch.int32).to(device)
 
 
-def check(device: str, tma: bool = False) -> None:
-    """Every SUB and programs count against masked dense, on layouts with empty, full and uneven rows
-    (``tma``: ``_uncut_tma_kernel``, fp16 only: it takes no fp32 precision)."""
+def check(device: str) -> None:
+    """Every SUB and programs count against masked dense, on layouts with empty, full and uneven rows."""
     from opforge.kernels.block_sparse.layout import BlockSparseLayout
 
     g = torch.Generator().manual_seed(0)
@@ -140,7 +73,7 @@ def check(device: str, tma: bool = False) -> None:
     cases = 0
     for (bh, bw), (rows, cols_n), tokens, dtype in itertools.product(
             ((16, 16), (32, 64), (64, 64), (64, 32)), ((3, 4), (5, 2)), (1, 3, 17),
-            (torch.float16,) if tma else (torch.float32, torch.float16)):
+            (torch.float32, torch.float16)):
         mask = torch.rand(rows, cols_n, generator=g) < 0.5
         mask[0] = False
         mask[-1] = True
@@ -154,9 +87,8 @@ def check(device: str, tma: bool = False) -> None:
             if sub > bh:
                 continue
             for waves, sms in ((1, 1), (1, 3), (2, 7), (8, 132)):
-                y = (tma_forward if tma else units_forward)(
-                    x, w, c, rp, n_out, sub, waves, sms, y=torch.full((tokens, n_out), float("nan"), dtype=dtype,
-                                                                    device=device))
+                y = units_forward(x, w, c, rp, n_out, sub, waves, sms,
+                                  y=torch.full((tokens, n_out), float("nan"), dtype=dtype, device=device))
                 cases += 1
                 tol = 1e-4 if dtype == torch.float32 else 2e-3
                 if not torch.allclose(y.double(), ref, atol=tol * k_in ** 0.5, rtol=tol):
@@ -176,7 +108,6 @@ def bench(args) -> None:
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     out = {"device": torch.cuda.get_device_name(), "rows": []}
     configs = [(sub, waves, warps, stages) for sub in args.subs for waves in args.waves for warps, stages in args.pipes]
-    run = tma_forward if args.tma else units_forward
     for row in issue_rows(args, dev, dt, seed=1):
         x, mods, t, n_out, dense, same = row.pop("x"), row.pop("mods"), row["tokens"], row["out"], row["dense_us"], \
             row["same_bytes_us"]
@@ -187,14 +118,14 @@ def bench(args) -> None:
         idx = [_indices(m.layout, dev) for m in mods]
         wb = [m.weight_blocks.detach() for m in mods]
         ys = [torch.empty(t, n_out, device=dev, dtype=dt) for _ in range(n)]
-        err = float((run(x, wb[0], *idx[0], n_out, min(args.subs), 2, sms).double() - ref.double()).norm()
+        err = float((units_forward(x, wb[0], *idx[0], n_out, min(args.subs), 2, sms).double() - ref.double()).norm()
                     / ref.double().norm())
         timings = {}
         for cfg in configs:
             sub, waves, warps, stages = cfg
             try:
-                timings[cfg] = graph_us(lambda: [run(x, wb[i], *idx[i], n_out, sub, waves, sms, warps,  # noqa: B023
-                                                     stages, ys[i]) for i in range(n)], dev, n)
+                timings[cfg] = graph_us(lambda: [units_forward(x, wb[i], *idx[i], n_out, sub, waves, sms, warps,  # noqa: B023
+                                                               stages, ys[i]) for i in range(n)], dev, n)
             except Exception as exc:  # noqa: BLE001 - a config that does not fit: skipped
                 timings[cfg] = None
                 print(f"    {cfg}: {type(exc).__name__}: {str(exc)[:100]}")
@@ -223,11 +154,10 @@ def main() -> None:
     ap.add_argument("--waves", default="1,2,3,4,8", type=lambda v: tuple(map(int, v.split(","))))
     ap.add_argument("--pipes", default="4x4,4x8,2x8,4x12", help="warps x stages, comma-separated",
                     type=lambda v: tuple(tuple(map(int, p.split("x"))) for p in v.split(",")))
-    ap.add_argument("--tma", action="store_true", help="time _uncut_tma_kernel (x and w through TMA descriptors)")
     ap.set_defaults(tokens="1,16,64")
     args = ap.parse_args()
     if args.check:
-        check("cuda" if torch.cuda.is_available() else "cpu", args.tma)
+        check("cuda" if torch.cuda.is_available() else "cpu")
     else:
         bench(args)
 
