@@ -272,9 +272,10 @@ DECODE_UNCUT_WAVES = (4, 3, 1, 8)
 """``_decode_uncut_kernel``'s candidate programs per SM, the untimed choice first."""
 
 DECODE_UNCUT_PIPES = ((2, 8), (4, 8), (4, 12))
-"""``_decode_uncut_kernel``'s (warps, stages): deep pipelines, since a unit's tile is thin (measured
-on an H100 with ``bench/cuda_probe/decode_units.py``: these three were the best of 2 to 12 stages
-within 1.5% in all 18 of issue 35's rows)."""
+"""``_decode_uncut_kernel``'s (warps, stages). Measured on an H100 with
+``bench/cuda_probe/decode_units.py`` over (4, 4), (4, 8), (2, 8) and (4, 12) at whole-row units:
+one of these three was the fastest in all 18 of issue 35's rows, (4, 4) in none; 16 and 24 stages
+were 1.3-3 us slower (``docs/benchmarks.md``)."""
 
 
 def decode_uncut_configs():
