@@ -65,14 +65,14 @@ __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uin
   }
 }
 
-// The block-row holding step `at`: the last r with S * row_ptr[r] <= at, and its first block and
+// The block-row holding block `at`: the last r with row_ptr[r] <= at, and its first block and
 // block count. A warp's lanes test 256 rows a round, all loads issued at once (a single trip to
-// memory for up to 255 rows: the first weight load waits on it).
+// memory for up to 255 rows).
 struct Found {
   int r, rs, n;
 };
 
-__device__ __forceinline__ Found find_row(const int64_t* row_ptr, int rows, int s, int at, int lane) {
+__device__ __forceinline__ Found find_row(const int64_t* row_ptr, int rows, int at, int lane) {
   constexpr int kLoads = 8;
   int count = 0;
   for (int base = 0; base <= rows; base += 32 * kLoads) {
@@ -86,7 +86,7 @@ __device__ __forceinline__ Found find_row(const int64_t* row_ptr, int rows, int 
     int last = 0, next = 0;
 #pragma unroll
     for (int c = 0; c < kLoads; ++c) {
-      const bool le = val[c] != 0x7fffffff && s * val[c] <= at;
+      const bool le = val[c] != 0x7fffffff && val[c] <= at;
       const unsigned m = __ballot_sync(0xffffffffu, le);
       if (!done) {
         const int k = __popc(m);
@@ -103,7 +103,7 @@ __device__ __forceinline__ Found find_row(const int64_t* row_ptr, int rows, int 
     }
     if (done) return {count - 1, last, next - last};
   }
-  return {count - 1, 0, 0};  // not reached: S * row_ptr[rows] = TOTAL > at
+  return {count - 1, 0, 0};  // not reached: row_ptr[rows] = nnz > at
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
@@ -269,7 +269,7 @@ __device__ __forceinline__ void stream_blocks(const Args& a, int lo, int hi, int
   // the columns: lane i holds those of blocks lo + 32 c + i (chunk c) and lo + 32 (c + 1) + i
   int colv = col_at(a, lo + lane, hi), colv_ahead = col_at(a, lo + 32 + lane, hi);
   // the block-row of lo: r, blocks [rs, re), and the next row's end
-  const Found f = find_row(a.row_ptr, a.rows, 1, lo, lane);
+  const Found f = find_row(a.row_ptr, a.rows, lo, lane);
   int r = f.r, rs = f.rs, re = f.rs + f.n;
   int next_end = r + 2 <= a.rows ? static_cast<int>(__ldg(a.row_ptr + r + 2)) : re;
 
