@@ -1,7 +1,8 @@
-"""Probe: a hand-written CUDA decode kernel for sm_90 (``decode_cuda/block_sparse_decode.cuh``: the
-weight streamed in storage order by the copy engine into a ring of shared memory a warp, an equal
-share of blocks a warp, rows cut between warps summed by the last to arrive) on the rows of issue
-35, every config of a grid, against the routed Triton forward (``BlockSparseLinear``), dense
+"""Probe: a hand-written CUDA decode kernel for sm_90 in two designs, each streaming the weight in
+storage order with the copy engine (``decode_cuda/``): a ring of shared memory a warp, an equal share
+of blocks a warp (``block_sparse_decode.cuh``); or, with ``--warps 0``, a ring a CTA whose warps
+consume each block together, the CTA's share walked backwards (``block_sparse_decode_cta.cuh``). On
+the rows of issue 35, every config of a grid, against the routed Triton forward (``BlockSparseLinear``), dense
 ``F.linear`` and cuBLAS on the same bytes (the floor), graph-replayed over 16 rotated layers.
 Built here with ``opforge.load`` (a stable-ABI op, ``torch.ops.opforge_probe_bsd.forward``); not a
 part of the package (``docs/benchmarks.md``, issue 35, twelfth session, says why).
@@ -9,13 +10,13 @@ part of the package (``docs/benchmarks.md``, issue 35, twelfth session, says why
 Checks every config's output against fp64 on a layout with empty rows, a full row and a bias (T = 1,
 2, 17; T > 32 is not compiled), and against the module's output on each row, and that two runs are
 bitwise equal. ``--ablate`` adds the same timings with parts of the kernel switched off (wrong
-results; ``OPFORGE_BSD_ABLATE``): 1 no x and no arithmetic (the stream alone), 2 cut rows stored as
-if whole (no partial sums, no atomics), 4 no empty-row pass, 7 all three.
+results; ``OPFORGE_BSD_ABLATE``, the ring-a-warp design): 1 no x and no arithmetic (the stream alone),
+2 cut rows stored as if whole (no partial sums, no atomics), 4 no empty-row pass, 7 all three.
 
 Usage::
 
     python bench/cuda_probe/decode_cuda.py [--shapes ...] [--tokens 1,16] [--densities ...]
-        [--stages 2,3,4] [--warps 2,4,8] [--ctas 1,2] [--ablate 1,2,4,7] [--json OUT]
+        [--stages 2,3,4] [--warps 0,2,4,8] [--ctas 1,2] [--ablate 1,2,4,7] [--json OUT]
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def build():
 def main() -> None:
     ap = probe_args(argparse.ArgumentParser())
     ap.add_argument("--stages", default="2,3,4")
-    ap.add_argument("--warps", default="2,4,8")
+    ap.add_argument("--warps", default="0,2,4,8")  # 0: the ring-a-CTA design
     ap.add_argument("--ctas", default="1,2")
     ap.add_argument("--ablate", default="")
     ap.add_argument("--json")
@@ -118,8 +119,8 @@ def main() -> None:
         ablated = {}
         for ab in filter(None, args.ablate.split(",")):
             os.environ["OPFORGE_BSD_ABLATE"] = ab
-            ablated[ab] = min(graph_us(lambda: [run(m, x, cfg) for m in mods], dev, n)  # noqa: B023
-                              for cfg in timings)
+            ablated[ab] = min((graph_us(lambda: [run(m, x, cfg) for m in mods], dev, n)  # noqa: B023
+                               for cfg in timings if cfg[1] != 0), default=float("nan"))  # the ring-a-warp design
             os.environ.pop("OPFORGE_BSD_ABLATE")
         top = sorted(timings.items(), key=lambda kv: kv[1])[:4]
         print(f"{row['in']}->{row['out']} T={row['tokens']} d={row['density']}: dense {dense:.1f} floor {same:.1f} "

@@ -7,8 +7,9 @@
 // y = x Wᵀ (+ b) for 1 <= T <= 32 tokens: x (T, in) and w (nnz, bh, bw) contiguous, float16 or
 // bfloat16, 16-byte aligned (the variants compiled: 64 x 64 blocks); b (out_features) of x's dtype;
 // cols (nnz) and row_ptr (out_features / bh + 1) int64, the layout's; counts int32 zeros of at least
-// out_features / bh elements, left at zero (one buffer a stream). stages, warps, ctas: blocks in
-// flight a warp, warps a CTA, CTAs an SM (as many as fit). OPFORGE_BSD_ABLATE (the probe's
+// out_features / 16 elements, left at zero (one buffer a stream). stages, warps, ctas: blocks in
+// flight a warp, warps a CTA, CTAs an SM (as many as fit); warps 0: the CTA kernel
+// (block_sparse_decode_cta.cuh; stages: blocks in flight a CTA). OPFORGE_BSD_ABLATE (the probe's
 // ablations, wrong results): see block_sparse_decode.h.
 #ifndef USE_CUDA
 #define USE_CUDA  // the shim's CUDA entry points (aoti_torch_get_current_cuda_stream)
@@ -78,7 +79,7 @@ Tensor forward(Tensor x, Tensor w, std::optional<Tensor> b, Tensor cols, Tensor 
   const int64_t mt = bh / 16;
   STD_TORCH_CHECK(k_in % bw == 0 && out_features % bh == 0 && out_features > 0, kOp, ": in_features ", k_in,
                   " and out_features ", out_features, " must be whole blocks of ", bh, " x ", bw);
-  const int64_t rows = out_features / bh, units = rows;
+  const int64_t rows = out_features / bh, units = rows * mt;  // the CTA kernel counts a 16-row strip
   STD_TORCH_CHECK(cols.scalar_type() == ScalarType::Long && row_ptr.scalar_type() == ScalarType::Long, kOp,
                   ": cols and row_ptr must be int64");
   STD_TORCH_CHECK(cols.numel() == nnz && row_ptr.numel() == rows + 1, kOp, ": cols must have nnz = ", nnz,

@@ -140,15 +140,17 @@ __device__ __forceinline__ uint4 lds128(const void* p) {
 }
 
 
+// Rows [r * bh + 16 * tile0, + 16 * MT) of y from fp32 sums (plus the bias).
 template <bool BF16, int NT, int MT>
-__device__ __forceinline__ void store_row(const Args& a, const float (&acc)[MT][NT][4], int r, int g, int t) {
+__device__ __forceinline__ void store_row(const Args& a, const float (&acc)[MT][NT][4], int r, int g, int t,
+                                          int tile0 = 0) {
   using E = Elem<BF16>;
   using T = typename E::T;
   const T* bias = static_cast<const T*>(a.b);
   T* y = static_cast<T*>(a.y);
 #pragma unroll
   for (int m = 0; m < MT; ++m) {
-    const int f0 = r * a.bh + m * 16 + g;
+    const int f0 = r * a.bh + (tile0 + m) * 16 + g;
     const float b0 = bias ? E::in(bias[f0]) : 0.0f, b1 = bias ? E::in(bias[f0 + 8]) : 0.0f;
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
@@ -170,10 +172,11 @@ __device__ __forceinline__ float4* slot_of(const Args& a, int slot) {
   return reinterpret_cast<float4*>(a.part) + static_cast<int64_t>(slot) * (MT * NT * 32);
 }
 
-// A cut row's partial sums into the warp's slot (head: the row began before the warp's range).
+// A cut row's partial sums into slot `slot` (the per-warp kernel: 2v for the row that began before the
+// warp's range, 2v + 1 for the other).
 template <int NT, int MT>
-__device__ __forceinline__ void put_partial(const Args& a, const float (&acc)[MT][NT][4], int v, bool head, int lane) {
-  float4* mine = slot_of<NT, MT>(a, head ? 2 * v : 2 * v + 1);
+__device__ __forceinline__ void put_partial(const Args& a, const float (&acc)[MT][NT][4], int slot, int lane) {
+  float4* mine = slot_of<NT, MT>(a, slot);
 #pragma unroll
   for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -322,7 +325,7 @@ __device__ __forceinline__ void stream_blocks(const Args& a, int lo, int hi, int
         if ((rs >= lo && re <= hi) || (a.ablate & 2)) {
           store_row<BF16, NT, MT>(a, acc, r, g, t);
         } else {
-          put_partial<NT, MT>(a, acc, v, rs < lo, lane);
+          put_partial<NT, MT>(a, acc, rs < lo ? 2 * v : 2 * v + 1, lane);
           if (re <= hi) {  // the row's last block is here: this warp sums it, at the end
             finisher = true;
             fin_r = r, fin_rs = rs, fin_re = re;

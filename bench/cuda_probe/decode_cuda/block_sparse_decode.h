@@ -17,14 +17,14 @@ struct Args {
   const int64_t* cols;
   const int64_t* row_ptr;
   float* part;     // 2 slots a warp, MT * NT * 32 float4 each
-  int* counts;     // one a block-row, zeros, left at zero
+  int* counts;     // one a block-row (the CTA kernel: a 16-row strip), zeros, left at zero
   int tokens, k_in, n_out, bh, rows, nnz, chunk;  // chunk: blocks a warp
   int ablate;  // the probe's ablations (0: none): 1 no x and no arithmetic, 2 cut rows stored as whole
                // (wrong sums), 4 no empty-row pass
 };
 
 // A launch: the variant (8-token tiles, bw / 32, bh / 16) and its config (blocks in flight a warp,
-// warps a CTA, CTAs an SM).
+// warps a CTA, CTAs an SM; warps 0: the CTA kernel, blocks in flight a CTA).
 struct Config {
   int nt, kq, mt, stages, warps, ctas;
 };
