@@ -248,6 +248,22 @@ __host__ __device__ constexpr int smem_bytes(int warps, int stages, int block_by
   return ring_offset(warps, stages) + warps * stages * block_bytes;
 }
 
+// The empty block-rows (no blocks, so no warp's share holds them): the bias, or zeros. Warp `first`
+// of `count` takes rows first, first + count, ...
+template <bool BF16>
+__device__ __forceinline__ void empty_rows(const Args& a, int first, int count, int lane) {
+  using E = Elem<BF16>;
+  using T = typename E::T;
+  const T* bias = static_cast<const T*>(a.b);
+  for (int r = first; r < a.rows && !(a.ablate & 4); r += count) {
+    if (__ldg(a.row_ptr + r + 1) != __ldg(a.row_ptr + r)) continue;
+    for (int e = lane; e < a.tokens * a.bh; e += 32) {
+      const int tok = e / a.bh, f = r * a.bh + (e - tok * a.bh);
+      static_cast<T*>(a.y)[static_cast<int64_t>(tok) * a.n_out + f] = E::out(bias ? E::in(bias[f]) : 0.0f);
+    }
+  }
+}
+
 // One warp's blocks [lo, hi).
 template <bool BF16, int NT, int KQ, int MT>
 __device__ __forceinline__ void stream_blocks(const Args& a, int lo, int hi, int v, int stages, uint64_t* bars,
@@ -371,15 +387,7 @@ __global__ void __launch_bounds__(256) decode_kernel(const Args a, int stages) {
   if (lo < hi)
     stream_blocks<BF16, NT, KQ, MT>(a, lo, hi, v, stages, reinterpret_cast<uint64_t*>(smem) + wi * stages,
                                     smem + ring_offset(per_cta, stages) + wi * stages * BLOCK);
-  // the empty block-rows: the bias, or zeros
-  for (int r = v; r < a.rows && !(a.ablate & 4); r += nw) {
-    if (__ldg(a.row_ptr + r + 1) != __ldg(a.row_ptr + r)) continue;
-    const T* bias = static_cast<const T*>(a.b);
-    for (int e = lane; e < a.tokens * a.bh; e += 32) {
-      const int tok = e / a.bh, f = r * a.bh + (e - tok * a.bh);
-      static_cast<T*>(a.y)[static_cast<int64_t>(tok) * a.n_out + f] = E::out(bias ? E::in(bias[f]) : 0.0f);
-    }
-  }
+  empty_rows<BF16>(a, v, nw, lane);
 }
 
 }  // namespace opforge_block_sparse_decode

@@ -182,16 +182,7 @@ __global__ void __launch_bounds__(32 * (MT + 1)) cta_kernel(const Args a, int st
       cta_consume<BF16, NT, KQ, MT>(a, lo, hi, c, wi, stages, full, empty, ring);
     }
   }
-  // the empty block-rows: the bias, or zeros
-  const int per_cta = MT + 1;
-  for (int r = c * per_cta + wi; r < a.rows && !(a.ablate & 4); r += gridDim.x * per_cta) {
-    if (__ldg(a.row_ptr + r + 1) != __ldg(a.row_ptr + r)) continue;
-    const T* bias = static_cast<const T*>(a.b);
-    for (int e = lane; e < a.tokens * a.bh; e += 32) {
-      const int tok = e / a.bh, f = r * a.bh + (e - tok * a.bh);
-      static_cast<T*>(a.y)[static_cast<int64_t>(tok) * a.n_out + f] = E::out(bias ? E::in(bias[f]) : 0.0f);
-    }
-  }
+  empty_rows<BF16>(a, c * (MT + 1) + wi, gridDim.x * (MT + 1), lane);
 }
 
 }  // namespace opforge_block_sparse_decode
