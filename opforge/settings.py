@@ -109,6 +109,9 @@ class Settings:
     """``OPFORGE_NATIVE_LAUNCH``: ``0`` keeps Triton launches in Python (``kernels/triton_launch.py``)
     instead of replaying each call shape's launch from C++ (``kernels/native_launch``; read once per
     process)."""
+    block_sparse_cuda: bool = True
+    """``OPFORGE_BLOCK_SPARSE_CUDA``: ``0`` keeps the CUDA decode kernel (``kernels/block_sparse/cuda_decode.py``)
+    out of the block-sparse decode route: no build of it, the Triton kernels take every call."""
     patch_torch: bool = False
     """``OPFORGE_PATCH_TORCH``: ``1`` routes ``torch.utils.cpp_extension.load`` / ``load_inline`` through
     opforge for every library that calls them, from the first import of ``torch.utils.cpp_extension`` on,
@@ -300,6 +303,7 @@ def current(env: Mapping[str, str] | None = None) -> Settings:
         triton_tuning=_tuning(env.get("OPFORGE_TRITON_TUNING")),
         triton_direct=(env.get("OPFORGE_TRITON_DIRECT") or "1").strip().lower() not in ("0", "false", "no", "off"),
         native_launch=(env.get("OPFORGE_NATIVE_LAUNCH") or "1").strip().lower() not in ("0", "false", "no", "off"),
+        block_sparse_cuda=(env.get("OPFORGE_BLOCK_SPARSE_CUDA") or "1").strip().lower() not in ("0", "false", "no", "off"),
         patch_torch=_patch_torch(env.get("OPFORGE_PATCH_TORCH")),
     )
 

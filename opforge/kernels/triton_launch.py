@@ -112,11 +112,15 @@ class TunedKernel:
         if params[-len(names):] != names or any(tuple(c.kwargs) != names for c in configs):
             raise ValueError(f"{fn}: the configs' meta-parameters {names} must be the kernel's last parameters, in "
                              f"order, and every config must set them all")
-        self.choices = [Choice(i, dict(c.kwargs), tuple(c.kwargs[n] for n in names), c.num_warps, c.num_stages)
-                        for i, c in enumerate(configs)]
         # constexpr parameters are keyed by value (triton compiles each value apart); without the
         # list (another triton) every int is keyed by value, which is finer still
-        self.constexprs = frozenset(getattr(fn, "constexprs", ())) if hasattr(fn, "constexprs") else None
+        self._setup([Choice(i, dict(c.kwargs), tuple(c.kwargs[n] for n in names), c.num_warps, c.num_stages)
+                     for i, c in enumerate(configs)],
+                    frozenset(getattr(fn, "constexprs", ())) if hasattr(fn, "constexprs") else None)
+
+    def _setup(self, choices: list, constexprs) -> None:
+        """The candidates and the state of the choices made (shared with ``tuned_op.TunedOp``)."""
+        self.choices, self.constexprs = choices, constexprs
         self._chosen: dict[tuple, Choice] = {}
         self._compiled: dict[tuple, object] = {}
         self._stores: dict[int, TuningStore] = {}
@@ -252,22 +256,29 @@ class Route:
         _INSTANCES.add(self)
 
     def choose(self, key: tuple, device: int, runs: dict[str, Callable[[], None]]) -> str:
+        """The name of ``runs`` (a subset of ``names``: a candidate that can't take the call is left
+        out, and the key then names the ones offered) that runs ``key`` on ``device``."""
+        offered = tuple(n for n in self.names if n in runs)
+        if not offered:
+            raise ValueError(f"{self.name}: none of {self.names} in the runs given ({tuple(runs)})")
+        if offered != self.names:
+            key = (*key, offered)
         found = self._chosen.get((device, key))
         if found is not None:
             return found
         if settings.current().triton_tuning == "off":
-            self._chosen[(device, key)] = self.names[0]
-            return self.names[0]
+            self._chosen[(device, key)] = offered[0]
+            return offered[0]
         if torch.cuda.is_current_stream_capturing():
-            return self.names[0]
+            return offered[0]
         store = self._store(device)
         index = store.get(key)
-        if index is not None and 0 <= index < len(self.names):
+        if index is not None and 0 <= index < len(self.names) and self.names[index] in runs:
             self.store_hits += 1
         else:
             self.tuning_runs += 1
             times = {}
-            for name in self.names:
+            for name in offered:
                 runs[name]()  # compiled (and its config tuned) before it is timed
                 times[name] = self._time(runs[name])
             index = self.names.index(min(times, key=times.get))

@@ -17,6 +17,7 @@ import torch
 from opforge.engine import inventory
 from opforge.kernels import triton_launch
 from opforge.kernels.triton_launch import TunedKernel, spec
+from opforge.kernels.tuned_op import OpPlan, TunedOp
 from opforge.kernels.tuning import TuningStore, fingerprint
 
 
@@ -288,3 +289,82 @@ def test_a_route_runs_its_first_kernel_untimed_with_tuning_off_or_under_a_captur
     monkeypatch.setenv("OPFORGE_TRITON_TUNING", "off")
     fresh = TimedRoute("fam", "r2", ("a", "b"), kernels)
     assert fresh.choose(("k",), 0, route_runs(launched)) == "a" and fresh.tuning_runs == 0
+
+
+def test_a_route_times_only_the_candidates_offered_and_keys_them_apart(cache):
+    """A candidate that can't take a call (the CUDA decode kernel on an older GPU, past 32 tokens, or
+    not built) is left out of ``runs``: the others are timed, the winner kept under a key naming the
+    ones offered, so the day it is offered the size class is timed again with it."""
+    kernels = (Tuner("fam", FakeKernel(), CONFIGS),)
+    route, launched = TimedRoute("fam", "r3", ("a", "b", "c"), kernels), []
+    runs = route_runs(launched)
+    assert route.choose(("k",), 0, runs) == "b" and launched == ["a", "a", "b", "b"]
+
+    def c():
+        launched.append("c")
+
+    route.times = {"a": 2.0, "b": 1.0, "c": 0.5}
+    assert route.choose(("k",), 0, {**runs, "c": c}) == "c" and route.tuning_runs == 2  # timed anew, with c
+    assert route.choose(("k",), 0, runs) == "b"  # the subset's choice is still its own
+    again = TimedRoute("fam", "r3", ("a", "b", "c"), kernels)  # a new process reads both
+    assert again.choose(("k",), 0, runs) == "b" and again.choose(("k",), 0, {**runs, "c": c}) == "c"
+    assert again.tuning_runs == 0 and again.store_hits == 2
+    with pytest.raises(ValueError, match="none of"):
+        route.choose(("k",), 0, {"z": c})
+
+
+def test_a_route_with_tuning_off_runs_its_first_offered_candidate(cache, monkeypatch):
+    monkeypatch.setenv("OPFORGE_TRITON_TUNING", "off")
+    route, launched = TimedRoute("fam", "r4", ("c", "a", "b"), (Tuner("fam", FakeKernel(), CONFIGS),)), []
+    assert route.choose(("k",), 0, route_runs(launched)) == "a" and launched == []
+
+
+class TimedOp(TunedOp):
+    """A TunedOp with times from a table (ms per stages) and facts without a GPU."""
+
+    times = {2: 3.0, 3: 1.0, 4: 2.0}
+
+    def _facts(self, device):
+        return "Fake GPU", (9, 0), "13.0"
+
+    def _time(self, fn):
+        fn()
+        return self.times[self._last[-2]]
+
+
+def test_an_op_tunes_its_configs_once_and_a_new_process_reads_the_winner(cache, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # CPU torch has no CUDA
+    source = tmp_path / "kernel.cu"
+    source.write_text("// v1")
+    calls = []
+
+    def make():
+        op = TimedOp("fam", "op", lambda: record, [{"stages": s, "ctas": 2} for s in (2, 3, 4)],
+                     lambda: [str(source)])
+
+        def record(*args):
+            op._last = args
+            calls.append(args)
+        return op
+
+    op = make()
+    choice = op.choose(("k",), 0, lambda c: (None, ("x", 0)), lambda c: c.kwargs["stages"] != 4)
+    assert choice.kwargs == {"stages": 3, "ctas": 2} and op.tuning_runs == 1
+    assert {a[-2] for a in calls} == {2, 3}  # the config that doesn't fit was never launched
+    assert all(a[:2] == ("x", 0) and a[-1] == 2 for a in calls)  # the prefix, then the config's values
+    again = make()
+    assert again.choose(("k",), 0, lambda c: (None, ("x", 0)), lambda c: True).kwargs["stages"] == 3
+    assert again.tuning_runs == 0 and again.store_hits == 1
+    plan = OpPlan(again, again.choose(("k",), 0, None, None), ("cuda",))
+    before = len(calls)
+    plan(("y", 1), 0)
+    assert calls[before:] == [("y", 1, 3, 2)] and plan.native  # a NativeTable can't replay an op
+    source.write_text("// v2: an edited kernel is tuned again")
+    edited = make()
+    edited.choose(("k",), 0, lambda c: (None, ("x", 0)), lambda c: True)
+    assert edited.tuning_runs == 1
+
+
+def test_an_ops_configs_must_name_the_same_values():
+    with pytest.raises(ValueError, match="every config must set"):
+        TunedOp("fam", "op", lambda: None, [{"stages": 2, "ctas": 1}, {"ctas": 1, "stages": 2}], lambda: [])

@@ -43,8 +43,9 @@ from ...process import forgets
 from .. import triton_launch
 from ..native_launch import NativeTable
 from ..triton_tma import Described
-from . import pairs, reference
+from . import cuda_decode, pairs, reference
 from .triton_plans import (
+    _CUDA,
     _DECODE,
     _PAIR,
     _PLAIN,
@@ -170,12 +171,19 @@ def _pointer_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, key):
 
 
 def _decode_route(x, w, b, y, cols, row_ptr, out_features, has_bias, sms, key):
-    """The decode plan, the uncut plan or the pointer plan, whichever ``DECODE_ROUTE`` found fastest
-    for this size class (each tuned first; each launched once on these arguments when the route is
-    timed)."""
+    """The decode plan, the uncut plan, the pointer plan or (where offered) the CUDA kernel's plan,
+    whichever ``DECODE_ROUTE`` found fastest for this size class (each tuned first; each launched
+    once on these arguments when the route is timed)."""
     plans = {"decode": _decode_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms),
              "uncut": _uncut_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms),
              "pointer": _pointer_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, key)}
+    bias = b if has_bias else None
+    if cuda_decode.offered(x, w, bias):
+        nnz, bh, bw = w.shape
+        size = ("decode_cuda", x.dtype, bucket(x.shape[0]), bh, bw, bucket(nnz), depth(nnz, out_features // bh),
+                has_bias)
+        plans["cuda"] = cuda_decode.plan(x, w, bias, y, cols, row_ptr, out_features, _CUDA, size,
+                                         lambda n: split_counts(x.device.index, n))
     return _routed(DECODE_ROUTE, "route", plans, x, w, b, y, cols, row_ptr, out_features, has_bias, key)
 
 

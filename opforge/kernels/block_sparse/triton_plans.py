@@ -16,7 +16,7 @@ from ..native_launch import NativeTable
 from ..triton_compat import triton
 from ..triton_launch import Plan, Route, TunedKernel
 from ..triton_tma import Described
-from . import pairs
+from . import cuda_decode, pairs
 from .triton_decode import _decode_kernel, _decode_uncut_kernel
 from .triton_kernels import (
     _dw_kernel,
@@ -52,15 +52,20 @@ KERNELS = {} if triton is None else {
     "decode_uncut": TunedKernel(FAMILY, _decode_uncut_kernel, decode_uncut_configs()),
     "dx_tma": TunedKernel(FAMILY, _dx_tma_kernel, m_configs()),
     "dw": TunedKernel(FAMILY, _dw_kernel, dw_configs()),
+    "decode_cuda": cuda_decode.KERNEL,
 }
-"""Each kernel with its candidate configs and the ones chosen (``kernels/triton_launch.py``)."""
+"""Each kernel with its candidate configs and the ones chosen (``kernels/triton_launch.py``; the CUDA
+decode kernel's: ``kernels/tuned_op.py``)."""
 
-DECODE_ROUTE = None if triton is None else Route(FAMILY, "decode_route", ("decode", "uncut", "pointer"),
-                                                  (KERNELS["decode"], KERNELS["decode_uncut"], KERNELS["fwd"]))
+DECODE_ROUTE = None if triton is None else Route(
+    FAMILY, "decode_route", ("decode", "uncut", "pointer", "cuda"),
+    (KERNELS["decode"], KERNELS["decode_uncut"], KERNELS["fwd"], KERNELS["decode_cuda"]))
 """Up to ``DECODE_MAX_TOKENS`` tokens, which forward runs a size class: ``_decode_kernel`` (equal runs
-of blocks per program), ``_decode_uncut_kernel`` (no row cut across programs) or the pointer kernel
-(a block-row per program, split at T <= 32), timed once per key and kept (on an H200 the decode kernel took 1.4x the pointer kernel's time at d=0.1,
-T=64 on 4096->14336, and half of it on 14336->4096 at T=64: ``docs/benchmarks.md``, issue 35)."""
+of blocks per program), ``_decode_uncut_kernel`` (no row cut across programs), the pointer kernel
+(a block-row per program, split at T <= 32) or, where it is offered (``cuda_decode.offered``: sm_90+,
+T <= 32), the CUDA kernel (a copy-engine ring a CTA), timed once per key and kept (on an H200 the
+decode kernel took 1.4x the pointer kernel's time at d=0.1, T=64 on 4096->14336, and half of it on
+14336->4096 at T=64: ``docs/benchmarks.md``, issue 35)."""
 
 FWD_ROUTE = None if triton is None else Route(FAMILY, "fwd_route", ("rows", "pairs"),
                                                (KERNELS["fwd_tma"], KERNELS["fwd_pair"]))
@@ -77,7 +82,7 @@ where nothing is timed (tuning off, a capture)."""
 # sizing, config and compiled kernel depend on; a call's own tensors (and outputs) go in at
 # launch, so a plan never holds a pointer or a descriptor of an earlier call.
 _REFERENCE = "reference"
-_TMA, _SPLIT, _PLAIN, _DECODE, _UNCUT, _PAIR = "tma", "split", "plain", "decode", "uncut", "pair"
+_TMA, _SPLIT, _PLAIN, _DECODE, _UNCUT, _PAIR, _CUDA = "tma", "split", "plain", "decode", "uncut", "pair", "cuda"
 """What a forward plan launches (its ``facts[0]``), for ``_fwd_prefix``."""
 _MAX_PLANS = 4096
 
@@ -114,6 +119,8 @@ def _fwd_prefix(facts, x, w, b, y, cols, row_ptr) -> tuple:
         return x, w, b, y, part, split_counts(x.device.index, facts[2]), cols, row_ptr
     if kind is _UNCUT:
         return x, w, b, y, cols, row_ptr
+    if kind is _CUDA:  # (_CUDA, has a bias, counts): the op's leading arguments, chunk 0 (an equal share)
+        return x, w, b if facts[1] else None, y, cols, row_ptr, split_counts(x.device.index, facts[2]), 0
     if kind is _SPLIT:
         part = torch.empty(facts[1], x.shape[0], y.shape[1], dtype=torch.float32, device=x.device)
         return x, w, b, y, part, split_counts(x.device.index, facts[2]), cols, row_ptr

@@ -1,7 +1,8 @@
 """The decode forwards (issue 35), up to ``DECODE_MAX_TOKENS`` tokens: ``_decode_kernel`` (equal runs
-of the kept blocks per program whatever rows they fall in) and ``_decode_uncut_kernel`` (units of
-whole rows, or slices of rows along the outputs, dealt out in order), each through the op (the
-route made to take it first, as it does untimed) and called directly. Checked against the masked
+of the kept blocks per program whatever rows they fall in), ``_decode_uncut_kernel`` (units of
+whole rows, or slices of rows along the outputs, dealt out in order) and the CUDA kernel
+(``cuda_decode.py``: a copy-engine ring a CTA, sm_90+, T <= 32), each through the op (the route made
+to take it first, as it does untimed) and called directly. Checked against the masked
 dense fp64 result for every block size, bf16 and fp16, layouts with empty rows, a full row and
 rows of every length, every way the runs can cut the rows (the kernels called with each run
 length or share), and under CUDA graph replay."""
@@ -13,7 +14,7 @@ import torch
 from block_sparse_cases import case, close
 
 import opforge.ops  # noqa: F401
-from opforge.kernels.block_sparse import triton_decode, triton_impl, triton_sizing
+from opforge.kernels.block_sparse import cuda_decode, triton_decode, triton_impl, triton_sizing
 from opforge.kernels.block_sparse.layout import BlockSparseLayout
 from opforge.ops import block_sparse_linear
 
@@ -21,7 +22,10 @@ pytestmark = pytest.mark.cuda
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-@pytest.fixture(params=["decode", "uncut"])
+HOPPER = torch.cuda.get_device_capability() >= (9, 0)
+
+
+@pytest.fixture(params=["decode", "uncut", "cuda"])
 def route(request, monkeypatch):
     """The decode route with ``request.param`` first: the kernel the op runs untimed (the tests run
     the first fitting config, untimed: conftest.py)."""
@@ -173,7 +177,7 @@ def test_a_real_model_size_with_uneven_rows(route):
         close(block_sparse_linear(x, w, None, lay), ref, torch.bfloat16)
 
 
-@pytest.mark.parametrize("tokens", [1, 64])
+@pytest.mark.parametrize("tokens", [1, 17, 64])
 def test_graph_replay_equals_eager(tokens, route):
     lay, w, x, b, _ = case(ragged(8), (64, 64), tokens, torch.bfloat16)
     static_x = x.clone()
@@ -191,3 +195,126 @@ def test_graph_replay_equals_eager(tokens, route):
         static_x.copy_(new)
         graph.replay()
         torch.testing.assert_close(static_y, block_sparse_linear(new, w, b, lay), rtol=0, atol=0)  # one plan
+
+
+# -- the CUDA kernel (cuda_decode.py), called directly --
+
+needs_hopper = pytest.mark.skipif(not HOPPER, reason="the CUDA decode kernel needs sm_90 or newer")
+
+
+def run_cuda(lay, w, x, b, chunk: int, stages: int = 3, ctas: int = 2):
+    """The CUDA kernel with an explicit share a CTA (0: the grid's equal share); y starts as NaN, so an
+    output stored by nobody shows."""
+    idx = lay.indices("cuda")
+    nnz, bh, bw = w.shape
+    y = torch.full((x.shape[0], lay.shape[0]), float("nan"), device="cuda", dtype=x.dtype)
+    counts = torch.zeros(lay.shape[0] // bh * (bh // 16), dtype=torch.int32, device="cuda")
+    cuda_decode.ops().forward(x, w, b, y, idx.cols, idx.row_ptr, counts, chunk, stages, ctas)
+    assert counts.eq(0).all()  # left at zero for the next launch
+    return y
+
+
+@needs_hopper
+def test_the_cuda_kernel_is_offered_where_it_should_be():
+    lay, w, x, b, _ = case(ragged(6), (64, 64), 17, torch.bfloat16)
+    assert cuda_decode.offered(x, w, b) and cuda_decode.offered(x, w, None)
+    assert not cuda_decode.offered(torch.zeros(33, x.shape[1], device="cuda", dtype=x.dtype), w, b)  # T > 32
+    assert not cuda_decode.offered(x.float(), w.float(), None)  # fp32: the Triton kernels
+    assert not cuda_decode.offered(x, w.transpose(1, 2), b)  # not contiguous
+    _, w16, x16, _, _ = case(ragged(6), (16, 16), 1, torch.bfloat16)
+    assert not cuda_decode.offered(x16, w16, None)  # 16-blocks: not compiled
+
+
+@needs_hopper
+def test_the_route_runs_the_cuda_kernel_when_it_comes_first(monkeypatch):
+    launched = []
+    real = cuda_decode.KERNEL.launch
+    monkeypatch.setattr(cuda_decode.KERNEL, "launch", lambda *a: (launched.append(a[0]), real(*a)))
+    names = triton_impl.DECODE_ROUTE.names
+    monkeypatch.setattr(triton_impl.DECODE_ROUTE, "names", ("cuda", *(n for n in names if n != "cuda")))
+    triton_impl.forget_plans()
+    try:
+        lay, w, x, b, ref = case(ragged(6), (64, 64), 2, torch.float16)
+        close(block_sparse_linear(x, w, b, lay), ref, torch.float16)
+        assert launched, "the CUDA kernel was not launched"
+    finally:
+        triton_impl.forget_plans()
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("block", [(32, 32), (64, 64), (128, 64), (32, 128), (128, 128)],
+                         ids=lambda b: f"{b[0]}x{b[1]}")
+@pytest.mark.parametrize("tokens", [1, 2, 17, 32])
+def test_every_way_the_cuda_kernels_shares_cut_the_rows(tokens, block, dtype):
+    """Shares of 1, 2, 3, 5 and 7 blocks, of all, of more than all (and the grid's own): rows whole
+    in a CTA, cut at one end or both, over many CTAs; empty rows anywhere; with and without a bias."""
+    for name, mask in layouts(block[0]):
+        for bias in (True, False):
+            lay, w, x, b, ref = case(mask, block, tokens, dtype, bias)
+            for chunk in sorted({0, 1, 2, 3, 5, 7, max(1, lay.nnz), lay.nnz + 4}):
+                close(run_cuda(lay, w, x, b, chunk), ref, dtype)
+
+
+@needs_hopper
+@pytest.mark.parametrize("stages, ctas", [(1, 1), (2, 3), (8, 1), (4, 64)])
+def test_every_ring_depth_and_ctas_an_sm(stages, ctas):
+    lay, w, x, b, ref = case(ragged(9), (64, 64), 9, torch.bfloat16)
+    close(run_cuda(lay, w, x, b, 0, stages, ctas), ref, torch.bfloat16)
+    close(run_cuda(lay, w, x, b, 2, stages, ctas), ref, torch.bfloat16)
+
+
+@needs_hopper
+def test_many_small_layouts_every_share_twice_and_bitwise_repeatable():
+    """The fuzz's tiny grids with every share, each launch made twice: the cut rows are summed in CTA
+    order, so two launches agree bit for bit; the counts are back at zero in between."""
+    g = torch.Generator().manual_seed(7)
+    for trial in range(40):
+        grid = (int(torch.randint(1, 5, (1,), generator=g)), int(torch.randint(1, 5, (1,), generator=g)))
+        mask = torch.rand(grid, generator=g) < float(torch.rand(1, generator=g))
+        tokens = (1, 5, 32)[trial % 3]
+        lay, w, x, b, ref = case(mask, (32, 32), tokens, torch.float16, bias=trial % 2 == 0, seed=trial)
+        for chunk in range(0, lay.nnz + 2):
+            first = run_cuda(lay, w, x, b, chunk)
+            close(first, ref, torch.float16)
+            assert torch.equal(first, run_cuda(lay, w, x, b, chunk))
+
+
+@needs_hopper
+def test_a_real_model_size_through_the_cuda_kernel_is_deterministic():
+    """4096 -> 14336, 64-blocks, density 0.25, rows from empty to full, with the grid's own shares."""
+    g = torch.Generator().manual_seed(5)
+    weight = torch.randn(14336, 4096, generator=g) * torch.linspace(0, 3, 14336).pow(4)[:, None]
+    lay = BlockSparseLayout.by_magnitude(weight, 0.25, (64, 64))
+    w = lay.gather(weight.to(torch.bfloat16)).cuda()
+    b = torch.randn(14336, generator=g).to("cuda", torch.bfloat16)
+    for tokens in (1, 32):
+        x = torch.randn(tokens, 4096, generator=g).to("cuda", torch.bfloat16)
+        ref = x.double() @ lay.scatter(w.double()).t() + b.double()
+        y = run_cuda(lay, w, x, b, 0)
+        close(y, ref, torch.bfloat16)
+        assert torch.equal(y, run_cuda(lay, w, x, b, 0))
+
+
+@needs_hopper
+def test_bad_input_to_the_cuda_kernel_is_a_clear_error():
+    lay, w, x, b, _ = case(ragged(6), (64, 64), 4, torch.bfloat16)
+    idx = lay.indices("cuda")
+    y = torch.empty(4, lay.shape[0], device="cuda", dtype=x.dtype)
+    counts = torch.zeros(lay.shape[0] // 4, dtype=torch.int32, device="cuda")
+    fwd = cuda_decode.ops().forward
+
+    def refused(match, *args):
+        with pytest.raises(RuntimeError, match=match):
+            fwd(*args)
+    big = torch.zeros(33, x.shape[1], device="cuda", dtype=x.dtype)
+    refused("1 to 32 tokens", big, w, b, torch.empty(33, lay.shape[0], device="cuda", dtype=x.dtype), idx.cols,
+            idx.row_ptr, counts, 0, 3, 2)
+    refused("bfloat16 or float16", x.float(), w.float(), None, y.float(), idx.cols, idx.row_ptr, counts, 0, 3, 2)
+    refused("contiguous", x, w.transpose(1, 2), b, y, idx.cols, idx.row_ptr, counts, 0, 3, 2)
+    refused("int32 zeros of at least", x, w, b, y, idx.cols, idx.row_ptr, counts[:3], 0, 3, 2)
+    refused("int64", x, w, b, y, idx.cols.int(), idx.row_ptr, counts, 0, 3, 2)
+    refused("CUDA tensor", x.cpu(), w, b, y, idx.cols, idx.row_ptr, counts, 0, 3, 2)
+    refused("chunk must be", x, w, b, y, idx.cols, idx.row_ptr, counts, -1, 3, 2)
+    refused("no variant", x, w, b, y, idx.cols, idx.row_ptr, counts, 0, 60, 2)  # the ring can't fit
+    assert cuda_decode.ops().grid(big, 64, 64, 3, 2) == 0 and cuda_decode.ops().grid(x, 64, 64, 3, 2) > 0

@@ -1,0 +1,58 @@
+// block_sparse's CUDA decode forward: what its parts share (no torch header, no device code).
+//
+// * decode_cuda.cpp: the ops on the LibTorch stable ABI; checks the tensors, then grid_of() and
+//   launch() with raw pointers and the current stream.
+// * decode_cuda_launch.cu: grid_of() and launch(): the variant a call takes, and its grid.
+// * decode_cuda_{bf16,f16}.cu: the kernels of one dtype (decode_cuda_kernel.cuh), built in
+//   parallel; each exports its kernel table.
+//
+// y = x Wᵀ (+ b) for 1 <= T <= 32 tokens, W's kept blocks stored (nnz, bh, bw) in block-row order
+// (row_ptr, cols: int64). sm_90 and newer only (the copy engine's cp.async.bulk and mbarriers):
+// elsewhere grid_of() offers nothing and the Triton kernels take the call.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace opforge_block_sparse_decode {
+
+// The variants compiled: bh and bw of 32, 64 or 128, 8-token tiles 1, 2 or 4.
+constexpr int kMaxTokens = 32;
+
+// The launch arguments: the tensors' data and the geometry.
+struct Args {
+  const void* x;  // (tokens, k_in)
+  const void* w;  // (nnz, bh, bw)
+  const void* b;  // (n_out) or nullptr
+  void* y;        // (tokens, n_out)
+  const int64_t* cols;
+  const int64_t* row_ptr;
+  float* part;  // a slot a (CTA, 16-row strip): NT * 32 float4
+  int* counts;  // one a (block-row, 16-row strip): zeros, left at zero
+  int tokens, k_in, n_out, bh, rows, nnz, chunk;  // chunk: blocks a CTA
+};
+
+// A launch: the variant (8-token tiles, bw / 32, bh / 16) and its config (blocks in flight a CTA,
+// CTAs an SM).
+struct Config {
+  int nt, kq, mt, stages, ctas;
+};
+
+using Kernel = void (*)(Args, int);
+
+// The kernel of a variant (nullptr: not compiled). One table a dtype (decode_cuda_{bf16,f16}.cu).
+Kernel kernel_bf16(int nt, int kq, int mt);
+Kernel kernel_f16(int nt, int kq, int mt);
+
+int threads_of(const Config& c);
+int smem_of(const Config& c, int elem_bytes);
+
+// The grid (CTAs) the config launches on `device`: `ctas` an SM, or as many as fit at once; 0 when
+// the variant isn't compiled, the device is older than sm_90, or it fits nowhere.
+cudaError_t grid_of(bool bf16, const Config& c, int device, int* grid);
+
+// Launch over `grid` CTAs; a.chunk blocks each.
+cudaError_t launch(bool bf16, const Config& c, int grid, const Args& a, cudaStream_t stream);
+
+}  // namespace opforge_block_sparse_decode

@@ -1,0 +1,9 @@
+// block_sparse's CUDA decode kernels for bf16 tensors (decode_cuda_kernel.cuh): one translation unit
+// a dtype, so that the two build in parallel.
+#include "decode_cuda_kernel.cuh"
+
+namespace opforge_block_sparse_decode {
+
+Kernel kernel_bf16(int nt, int kq, int mt) { return kernel_table<true>(nt, kq, mt); }
+
+}  // namespace opforge_block_sparse_decode

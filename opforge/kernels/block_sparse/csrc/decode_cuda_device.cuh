@@ -1,0 +1,212 @@
+// block_sparse's CUDA decode forward, the device pieces the kernel (decode_cuda_kernel.cuh) is made
+// of: the element types, the tensor-core step, the copy engine and its barriers, finding a block's
+// row, and the loads and stores of x, y and the partial sums.
+//
+// The arithmetic: mma.sync m16n8k16 (fp32 accumulate) with W's rows as A (a 16-row strip of a
+// block) and x's tokens as B (NT tiles of 8). A mma's k order is free as long as A and B agree, so
+// lane (g = lane / 4, t = lane % 4) reads 8 consecutive elements of a row at column 32 q + 8 t with
+// one 16-byte load for both operands (W rows g and g + 8 from shared memory; x token g from global,
+// through L1) and uses elements 0-3 in one k16 step and 4-7 in the next.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "decode_cuda.h"
+
+namespace opforge_block_sparse_decode {
+
+template <bool BF16>
+struct Elem;
+template <>
+struct Elem<true> {
+  using T = __nv_bfloat16;
+  static __device__ __forceinline__ float in(T v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ T out(float v) { return __float2bfloat16(v); }
+};
+template <>
+struct Elem<false> {
+  using T = __half;
+  static __device__ __forceinline__ float in(T v) { return __half2float(v); }
+  static __device__ __forceinline__ T out(float v) { return __float2half(v); }
+};
+
+template <bool BF16>
+__device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                    uint32_t b1) {
+  if constexpr (BF16) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// The block-row holding block `at`: the last r with row_ptr[r] <= at, its first block and its
+// block count. The warp's lanes test 256 entries a round, all loads issued at once (one trip to
+// memory for up to 255 rows).
+struct Found {
+  int r, rs, n;
+};
+
+__device__ __forceinline__ Found find_row(const int64_t* row_ptr, int rows, int at, int lane) {
+  constexpr int kLoads = 8;
+  int count = 0;
+  for (int base = 0; base <= rows; base += 32 * kLoads) {
+    int val[kLoads];
+#pragma unroll
+    for (int c = 0; c < kLoads; ++c) {
+      const int i = base + c * 32 + lane;
+      val[c] = i <= rows ? static_cast<int>(__ldg(row_ptr + i)) : 0x7fffffff;
+    }
+    bool done = false;
+    int last = 0, next = 0;
+#pragma unroll
+    for (int c = 0; c < kLoads; ++c) {
+      const bool le = val[c] != 0x7fffffff && val[c] <= at;
+      const unsigned m = __ballot_sync(0xffffffffu, le);
+      if (!done) {
+        const int k = __popc(m);
+        count += k;
+        if (k < 32) {  // the row is entry count - 1: lane k - 1 of this round, or the last one before
+          last = k > 0 ? __shfl_sync(0xffffffffu, val[c], k - 1) : last;
+          next = __shfl_sync(0xffffffffu, val[c], k);
+          done = true;
+        } else {
+          last = __shfl_sync(0xffffffffu, val[c], 31);
+        }
+      }
+    }
+    if (done) return {count - 1, last, next - last};
+  }
+  return {count - 1, 0, 0};  // not reached: row_ptr[rows] = nnz > at
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void bar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void bar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+__device__ __forceinline__ void bar_wait(uint64_t* bar, int parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred P1;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@!P1 bra WAIT;\n"
+      "}\n" ::"r"(smem_u32(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// One lane: the copy of `bytes` from global `src` into shared `dst`, completing on `bar`.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, int bytes, uint64_t* bar) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+
+__device__ __forceinline__ uint4 lds128(const void* p) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(smem_u32(p)));
+  return v;
+}
+
+// x's tokens at block-column `column`: token nt * 8 + g, elements 32 q + 8 t .. + 7 (zeros past T).
+template <bool BF16, int NT, int KQ>
+__device__ __forceinline__ void load_x(const Args& a, uint4 (&xo)[NT][KQ], int column, int g, int t) {
+  using T = typename Elem<BF16>::T;
+  const T* xc = static_cast<const T*>(a.x) + static_cast<int64_t>(column) * (32 * KQ) + 8 * t;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int tok = nt * 8 + g;
+#pragma unroll
+    for (int q = 0; q < KQ; ++q)
+      xo[nt][q] = tok < a.tokens ? __ldg(reinterpret_cast<const uint4*>(xc + static_cast<int64_t>(tok) * a.k_in + 32 * q))
+                                 : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Rows r * bh + 16 m + g and + 8 of y from a strip's fp32 sums (plus the bias).
+template <bool BF16, int NT>
+__device__ __forceinline__ void store_strip(const Args& a, const float (&acc)[NT][4], int r, int m, int g, int t) {
+  using E = Elem<BF16>;
+  using T = typename E::T;
+  const T* bias = static_cast<const T*>(a.b);
+  T* y = static_cast<T*>(a.y);
+  const int f0 = r * a.bh + m * 16 + g;
+  const float b0 = bias ? E::in(bias[f0]) : 0.0f, b1 = bias ? E::in(bias[f0 + 8]) : 0.0f;
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+    const int tok = i * 8 + 2 * t;
+    if (tok < a.tokens) {
+      y[static_cast<int64_t>(tok) * a.n_out + f0] = E::out(acc[i][0] + b0);
+      y[static_cast<int64_t>(tok) * a.n_out + f0 + 8] = E::out(acc[i][2] + b1);
+    }
+    if (tok + 1 < a.tokens) {
+      y[static_cast<int64_t>(tok + 1) * a.n_out + f0] = E::out(acc[i][1] + b0);
+      y[static_cast<int64_t>(tok + 1) * a.n_out + f0 + 8] = E::out(acc[i][3] + b1);
+    }
+  }
+}
+
+// A strip's partial sums: slot `slot` of a.part (each lane its own float4s).
+template <int NT>
+__device__ __forceinline__ float4* slot_of(const Args& a, int slot) {
+  return reinterpret_cast<float4*>(a.part) + static_cast<int64_t>(slot) * (NT * 32);
+}
+
+template <int NT>
+__device__ __forceinline__ void put_partial(const Args& a, const float (&acc)[NT][4], int slot, int lane) {
+  float4* mine = slot_of<NT>(a, slot);
+#pragma unroll
+  for (int i = 0; i < NT; ++i) mine[i * 32 + lane] = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+}
+
+// Counts the warp's partial sums in (release order: they are visible before the count is).
+__device__ __forceinline__ void arrive(const Args& a, int unit, int lane) {
+  __syncwarp();
+  if (lane == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(a.counts + unit) : "memory");
+}
+
+// Lane 0 waits, with acquire order, until `unit`'s count reaches `expected`; the warp then reads the slots.
+__device__ __forceinline__ void wait_count(const Args& a, int unit, int expected, int lane) {
+  if (lane == 0) {
+    int seen = 0;
+    do {
+      asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(a.counts + unit) : "memory");
+    } while (seen != expected);
+  }
+  __syncwarp();
+}
+
+// The empty block-rows (no blocks, so no CTA's share holds them): the bias, or zeros. Warp `first`
+// of `count` takes rows first, first + count, ...
+template <bool BF16>
+__device__ __forceinline__ void empty_rows(const Args& a, int first, int count, int lane) {
+  using E = Elem<BF16>;
+  using T = typename E::T;
+  const T* bias = static_cast<const T*>(a.b);
+  for (int r = first; r < a.rows; r += count) {
+    if (__ldg(a.row_ptr + r + 1) != __ldg(a.row_ptr + r)) continue;
+    for (int e = lane; e < a.tokens * a.bh; e += 32) {
+      const int tok = e / a.bh, f = r * a.bh + (e - tok * a.bh);
+      static_cast<T*>(a.y)[static_cast<int64_t>(tok) * a.n_out + f] = E::out(bias ? E::in(bias[f]) : 0.0f);
+    }
+  }
+}
+
+}  // namespace opforge_block_sparse_decode

@@ -1,0 +1,211 @@
+// block_sparse's CUDA decode forward (decode_cuda.h), the kernel: one ring of weight blocks a CTA.
+//
+// A memory-bound kernel, so its one job is to keep HBM busy from the first cycle to the last.
+//
+// * CTA c takes the blocks [c * chunk, (c + 1) * chunk) in storage order: an equal share of the
+//   bytes whatever the rows' lengths, so no SM waits on a long row.
+// * A producer warp (one lane) copies the share's blocks into a ring of `stages` slots in shared
+//   memory with the copy engine (cp.async.bulk; an mbarrier for a slot full, one for it empty):
+//   the bytes in flight are bounded by shared memory, not registers. bh / 16 consumer warps each
+//   take a 16-row strip of every block, so a block is read from HBM once.
+// * Nothing a consumer needs later is fetched when it is needed: the blocks' columns come 32 at a
+//   time across the lanes (a step's column is a shuffle) with the next 32 on their way, and x
+//   comes up to three blocks ahead. Under a saturated HBM one trip to memory costs microseconds,
+//   the whole kernel's budget.
+// * The CTA walks its share backwards, from its last block to its first. A row cut at the share's
+//   end (it goes on into the next CTA) comes first: its fp32 partial sums go to the CTA's slot,
+//   counted in with a release add, long before the CTA holding the row's last block, which walks
+//   that part last, needs them. That CTA sums the slots (lower CTAs first, in order: the same
+//   result whoever finished first) and its own registers: one trip to memory at the end of its
+//   walk, not a chain. It waits only on CTAs of lower index, which never wait on it: no deadlock.
+//   Each (row, strip) count goes back to zero for the next launch.
+// * Empty block-rows (no blocks, so in no share) get the bias, or zeros, from every warp at the end.
+//
+// On the H100 it reads the weight at up to ~2.9 TB/s (docs/benchmarks.md, issue 35).
+#pragma once
+
+#include "decode_cuda_device.cuh"
+
+namespace opforge_block_sparse_decode {
+
+// The dynamic shared memory: the full and empty mbarriers, then the ring.
+__host__ __device__ constexpr int ring_offset(int stages) { return (2 * stages * 8 + 127) / 128 * 128; }
+
+// Consumer warp `m` (rows 16 m .. 16 m + 15 of each block) over the CTA's blocks [lo, hi), backwards.
+template <bool BF16, int NT, int KQ, int MT>
+__device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, int m, int stages, uint64_t* full,
+                                       uint64_t* empty, const unsigned char* ring) {
+  using T = typename Elem<BF16>::T;
+  constexpr int BW = 32 * KQ;
+  constexpr int BLOCK = 16 * MT * BW * static_cast<int>(sizeof(T));
+  constexpr int XB = NT * KQ <= 4 ? 3 : 1;  // x buffers: three where the registers allow
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int steps = hi - lo;
+  // step k is block hi - 1 - k; lane i holds the columns of steps 32 j + i (chunk j) and of the next chunk
+  auto col_rev = [&](int k) { return k < steps ? static_cast<int>(__ldg(a.cols + hi - 1 - k)) : 0; };
+  int colv = col_rev(lane), colv_ahead = col_rev(32 + lane);
+  auto col_of = [&](int k, int k0) {
+    const int c0 = __shfl_sync(0xffffffffu, colv, k & 31), c1 = __shfl_sync(0xffffffffu, colv_ahead, k & 31);
+    return (k >> 5) == (k0 >> 5) ? c0 : c1;
+  };
+  // the row of block hi - 1 (blocks [rs, re)), and the first block of the row before it
+  const Found f = find_row(a.row_ptr, a.rows, hi - 1, lane);
+  int r = f.r, rs = f.rs, re = f.rs + f.n;
+  int before = r > 0 ? static_cast<int>(__ldg(a.row_ptr + r - 1)) : 0;
+
+  uint4 xb[XB][NT][KQ];
+#pragma unroll
+  for (int b = 0; b < XB; ++b)
+    if (b < steps) load_x<BF16, NT, KQ>(a, xb[b], col_of(b, 0), g, t);
+  float acc[NT][4] = {};
+  int slot = 0, parity = 0;
+  for (int k0 = 0; k0 < steps; k0 += XB) {
+#pragma unroll
+    for (int b = 0; b < XB; ++b) {
+      const int k = k0 + b;
+      if (k >= steps) break;
+      if ((k & 31) == 0 && k > 0) {  // into the next chunk of columns; the one after it on its way
+        colv = colv_ahead;
+        colv_ahead = col_rev(k + 32 + lane);
+      }
+      bar_wait(full + slot, parity);
+      const unsigned char* sw = ring + slot * BLOCK + ((m * 16 + g) * BW + 8 * t) * static_cast<int>(sizeof(T));
+#pragma unroll
+      for (int q = 0; q < KQ; ++q) {
+        const uint4 lo4 = lds128(sw + (32 * q) * static_cast<int>(sizeof(T)));
+        const uint4 hi4 = lds128(sw + (8 * BW + 32 * q) * static_cast<int>(sizeof(T)));
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint4 xq = xb[b][nt][q];
+          mma<BF16>(acc[nt], lo4.x, hi4.x, lo4.y, hi4.y, xq.x, xq.y);
+          mma<BF16>(acc[nt], lo4.z, hi4.z, lo4.w, hi4.w, xq.z, xq.w);
+        }
+      }
+      __syncwarp();
+      if (lane == 0) bar_arrive(empty + slot);
+      if (k + XB < steps) load_x<BF16, NT, KQ>(a, xb[b], col_of(k + XB, k), g, t);
+      const int kb = hi - 1 - k;
+      if (kb == rs || k == steps - 1) {  // walking backwards: the row's part in this share ends here
+        const int unit = r * MT + m;
+        if (rs >= lo && re <= hi) {  // the whole row
+          store_strip<BF16, NT>(a, acc, r, m, g, t);
+        } else if (re > hi) {  // the row goes on past this share: its last block is another CTA's
+          put_partial<NT>(a, acc, c * MT + m, lane);
+          arrive(a, unit, lane);
+        } else {  // rs < lo, re <= hi: the row's last block is here; the CTAs before came in earlier
+          const int c0 = rs / a.chunk;
+          wait_count(a, unit, c - c0, lane);
+          float sum[NT][4] = {};
+          for (int w = c0; w < c; ++w) {
+            const float4* part = slot_of<NT>(a, w * MT + m);
+#pragma unroll
+            for (int i = 0; i < NT; ++i) {
+              const float4 p = __ldcg(part + i * 32 + lane);
+              sum[i][0] += p.x;
+              sum[i][1] += p.y;
+              sum[i][2] += p.z;
+              sum[i][3] += p.w;
+            }
+          }
+#pragma unroll
+          for (int i = 0; i < NT; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sum[i][e] += acc[i][e];
+          store_strip<BF16, NT>(a, sum, r, m, g, t);
+          if (lane == 0) a.counts[unit] = 0;
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+        if (kb == rs && k < steps - 1) {  // back to the previous non-empty row
+          --r;
+          re = rs;
+          rs = before;
+          while (rs == re) rs = static_cast<int>(__ldg(a.row_ptr + (--r)));  // empty rows: rare
+          before = r > 0 ? static_cast<int>(__ldg(a.row_ptr + r - 1)) : 0;
+        }
+      }
+      if (++slot == stages) {
+        slot = 0;
+        parity ^= 1;
+      }
+    }
+  }
+}
+
+// MT = bh / 16 consumer warps and a producer warp.
+template <bool BF16, int NT, int KQ, int MT>
+__global__ void __launch_bounds__(32 * (MT + 1)) decode_kernel(const Args a, int stages) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // the copy engine's bulk copies (grid_of offers sm_90+ only)
+  using T = typename Elem<BF16>::T;
+  constexpr int BLOCK = 16 * MT * 32 * KQ * static_cast<int>(sizeof(T));
+  extern __shared__ __align__(128) unsigned char smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem);
+  uint64_t* empty = full + stages;
+  unsigned char* ring = smem + ring_offset(stages);
+  const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+  const int c = blockIdx.x;
+  const int lo = c * a.chunk;
+  const int hi = min(lo + a.chunk, a.nnz);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < stages; ++i) {
+      bar_init(full + i, 1);
+      bar_init(empty + i, MT);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (lo < hi) {
+    if (wi == MT) {
+      if (lane == 0) {
+        const unsigned char* w = static_cast<const unsigned char*>(a.w);
+        int slot = 0, round = 0;
+        for (int k = 0; k < hi - lo; ++k) {
+          if (round > 0) bar_wait(empty + slot, (round - 1) & 1);
+          bulk_load(ring + slot * BLOCK, w + static_cast<int64_t>(hi - 1 - k) * BLOCK, BLOCK, full + slot);
+          if (++slot == stages) {
+            slot = 0;
+            ++round;
+          }
+        }
+      }
+    } else {
+      consume<BF16, NT, KQ, MT>(a, lo, hi, c, wi, stages, full, empty, ring);
+    }
+  }
+  empty_rows<BF16>(a, c * (MT + 1) + wi, gridDim.x * (MT + 1), lane);
+#endif
+}
+
+// The variants of a dtype: nt (8-token tiles) 1, 2, 4; kq = bw / 32 and mt = bh / 16 of 1, 2, 4 and 2, 4, 8.
+template <bool BF16, int NT, int KQ>
+Kernel pick_mt(int mt) {
+  switch (mt) {
+    case 2: return decode_kernel<BF16, NT, KQ, 2>;
+    case 4: return decode_kernel<BF16, NT, KQ, 4>;
+    case 8: return decode_kernel<BF16, NT, KQ, 8>;
+    default: return nullptr;
+  }
+}
+
+template <bool BF16, int NT>
+Kernel pick_kq(int kq, int mt) {
+  switch (kq) {
+    case 1: return pick_mt<BF16, NT, 1>(mt);
+    case 2: return pick_mt<BF16, NT, 2>(mt);
+    case 4: return pick_mt<BF16, NT, 4>(mt);
+    default: return nullptr;
+  }
+}
+
+template <bool BF16>
+Kernel kernel_table(int nt, int kq, int mt) {
+  switch (nt) {
+    case 1: return pick_kq<BF16, 1>(kq, mt);
+    case 2: return pick_kq<BF16, 2>(kq, mt);
+    case 4: return pick_kq<BF16, 4>(kq, mt);
+    default: return nullptr;
+  }
+}
+
+}  // namespace opforge_block_sparse_decode

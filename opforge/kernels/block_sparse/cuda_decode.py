@@ -1,0 +1,138 @@
+"""block_sparse's CUDA decode forward (``csrc/decode_cuda*``): a candidate of the decode route.
+
+At decode sizes (a few tokens) the forward is a stream of the weight's kept blocks from HBM. The
+Triton kernels (``triton_decode.py``) bring each block in with their own loads; this kernel keeps
+one ring of blocks a CTA filled by the copy engine (``cp.async.bulk``), so the bytes in flight are
+bounded by shared memory rather than registers, and walks its share of the blocks backwards so
+rows cut between CTAs are summed with one trip to memory (``csrc/decode_cuda_kernel.cuh``).
+
+* **Where:** sm_90 and newer, float16 and bfloat16, 1 to 32 tokens, blocks of 32, 64 or 128 on
+  each side, x and w contiguous and 16-byte aligned, b contiguous (``offered``). Anything else, or
+  ``OPFORGE_BLOCK_SPARSE_CUDA=0``, is not offered and the Triton kernels take the call.
+* **Built** on first use (a stable-ABI extension of its own, like ``native_autograd.py``'s, so one
+  binary serves every torch from 2.10); a failed build warns once and the route goes on without it.
+* **Chosen** by ``DECODE_ROUTE`` against the Triton kernels, its config (ring depth, CTAs an SM)
+  tuned first, both kept in opforge's cache (``tuned_op.TunedOp``).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import threading
+
+import torch
+
+from ... import settings
+from ...extension import CudaExtension
+from ...notices import warn_once
+from ...process import forgets
+from ..tuned_op import OpPlan, TunedOp
+
+MAX_TOKENS = 32
+"""The most tokens the compiled variants take (8-token tiles 1, 2, 4)."""
+SIDES = (32, 64, 128)
+"""The block sides compiled (either side)."""
+CONFIGS = tuple({"stages": s, "ctas": c} for c, s in
+                [(2, 3), (2, 2), (2, 4), (1, 4), (1, 6), (1, 8), (2, 6), (3, 2), (3, 3), (1, 3)])
+"""Blocks in flight a CTA and CTAs an SM; the first (untimed) is the H100's best at 64-blocks
+(docs/benchmarks.md, issue 35)."""
+
+
+class BlockSparseDecodeCuda(CudaExtension):
+    """Not a variant of the ``block_sparse`` kind (the loader doesn't list it): a companion the
+    Triton variant's decode route loads by itself."""
+
+    name, kind = "block_sparse_decode_cuda", "block_sparse"
+    include_dirs = ("../common/csrc", "csrc")
+    # the ops, the grid and launch, the kernels of each dtype: four TUs, built in parallel
+    sources = ("csrc/decode_cuda.cpp", "csrc/decode_cuda_launch.cu", "csrc/decode_cuda_bf16.cu",
+               "csrc/decode_cuda_f16.cu")
+    stable_abi = "2.10"
+    min_capability = (9, 0)
+
+
+_OPS: list = []  # [ops packet] once loaded, [None] once it failed or is off
+_LOCK = threading.Lock()
+
+
+def ops():
+    """``torch.ops.block_sparse_decode_cuda``, built and loaded on first use; None if that failed
+    (a warning, once) or ``OPFORGE_BLOCK_SPARSE_CUDA=0``."""
+    if not _OPS:
+        with _LOCK:
+            if not _OPS:
+                if not settings.current().block_sparse_cuda:
+                    _OPS.append(None)
+                else:
+                    try:
+                        _OPS.append(BlockSparseDecodeCuda().load().ops)
+                    except Exception as exc:  # noqa: BLE001 - any failure: the Triton kernels take every call
+                        warn_once(f"block_sparse: the CUDA decode kernel could not be built ({exc}); the Triton "
+                                  f"kernels take every decode call (the same results, maybe slower)")
+                        _OPS.append(None)
+    return _OPS[0]
+
+
+def _forget() -> None:
+    with _LOCK:
+        if _OPS and _OPS[0] is None:
+            _OPS.clear()  # settings may have changed; a loaded extension stays loaded
+    _CAPABLE.clear()
+
+
+forgets(_forget)
+
+
+def _op_forward():
+    return ops().forward.default
+
+
+def _sources() -> list[str]:
+    here = os.path.join(BlockSparseDecodeCuda.source_dir(), "csrc")
+    return sorted(glob.glob(os.path.join(here, "decode_cuda*"))) + [os.path.join(here, "..", "..", "common", "csrc",
+                                                                                  "opforge_stable.h")]
+
+
+KERNEL = TunedOp("block_sparse_triton", "decode_cuda", _op_forward, CONFIGS, _sources)
+"""The op and its configs, chosen per size class (the Triton kernels' family in the cache)."""
+
+_CAPABLE: dict[int, bool] = {}
+
+
+def capable(device: int) -> bool:
+    """sm_90 or newer (the copy engine's bulk copies)."""
+    found = _CAPABLE.get(device)
+    if found is None:
+        found = _CAPABLE[device] = torch.cuda.get_device_capability(device) >= (9, 0)
+    return found
+
+
+def offered(x: torch.Tensor, w: torch.Tensor, bias) -> bool:
+    """The kernel can take this call (``OPFORGE_BLOCK_SPARSE_CUDA`` on; the checks are the op's own,
+    so an offered call never raises there)."""
+    _, bh, bw = w.shape
+    return (x.dtype in (torch.float16, torch.bfloat16) and w.dtype == x.dtype and 1 <= x.shape[0] <= MAX_TOKENS
+            and bh in SIDES and bw in SIDES and x.is_cuda and x.is_contiguous() and w.is_contiguous()
+            and x.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0
+            and (bias is None or (bias.is_contiguous() and bias.dtype == x.dtype))
+            and settings.current().block_sparse_cuda and capable(x.device.index) and ops() is not None)
+
+
+def plan(x, w, bias, y, cols, row_ptr, out_features: int, kind: str, key: tuple, counts) -> OpPlan:
+    """The kernel's plan for this call shape: its config chosen (``KERNEL``; ``key`` is the size
+    class), ``facts`` = (``kind``, has a bias, the counts it needs). ``counts(n)``: the stream's
+    zeroed arrival counts of at least n."""
+    nnz, bh, bw = w.shape
+    units = out_features // bh * (bh // 16)
+    facts = (kind, bias is not None, units)
+    grid = ops().grid.default
+
+    def trial(choice):
+        return None, (x, w, bias, y, cols, row_ptr, counts(units), 0)
+
+    choice = KERNEL.choose(key, x.device.index, trial, lambda c: grid(x, bh, bw, *c.values) > 0)
+    return OpPlan(KERNEL, choice, facts)
+
+
+__all__ = ["CONFIGS", "KERNEL", "MAX_TOKENS", "SIDES", "BlockSparseDecodeCuda", "capable", "offered", "ops", "plan"]

@@ -1,0 +1,88 @@
+"""A compiled op with candidate configs, chosen as a Triton kernel's are (``TunedOp``).
+
+Some kernels are C++/CUDA ops (an extension's ``torch.ops``) whose launch takes a few config
+integers (the block sparse CUDA decode kernel's ring depth and CTAs an SM). ``TunedOp`` gives
+them ``TunedKernel``'s choice: once per (tuning key, device), remembered in the process and kept
+in opforge's cache (``tuning.py``), timed the way ``triton.autotune`` times, untimed under a CUDA
+graph capture or with ``OPFORGE_TRITON_TUNING=off``. Its fingerprint names the op's sources
+(their bytes, not their paths) instead of a Triton function's, so an edited kernel is tuned again.
+A ``Route`` takes it as a candidate like any ``TunedKernel`` (its ``OpPlan`` launches the choice).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+
+import torch
+
+from .. import settings
+from .triton_launch import Choice, TunedKernel
+from .tuning import TuningStore, fingerprint
+
+
+class TunedOp(TunedKernel):
+    """``configs`` (dicts of the same names, in the op's trailing argument order) for ``op``, a
+    callable taking the launch's leading arguments then a config's values; ``sources``: the files
+    whose bytes the choices depend on."""
+
+    def __init__(self, family: str, name: str, op: Callable[[], Callable], configs: Sequence[dict],
+                 sources: Callable[[], Sequence[str]]):
+        names = tuple(configs[0])
+        if any(tuple(c) != names for c in configs):
+            raise ValueError(f"{name}: every config must set {names}, in that order")
+        self.family, self.name, self.fn = family, name, None
+        self._op, self._sources, self._digest = op, sources, None
+        self._setup([Choice(i, dict(c), tuple(c.values()), 0, 0) for i, c in enumerate(configs)], None)
+
+    def digest(self) -> str:
+        """sha256 of the sources' bytes (read once)."""
+        if self._digest is None:
+            h = hashlib.sha256()
+            for path in sorted(self._sources()):
+                with open(path, "rb") as f:
+                    h.update(f.read())
+            self._digest = h.hexdigest()
+        return self._digest
+
+    def _store(self, device: int) -> TuningStore:
+        store = self._stores.get(device)
+        if store is None:
+            fp = fingerprint(self.family, self.name, self.digest(), [c.kwargs for c in self.choices],
+                             torch.__version__, *self._facts(device))
+            store = self._stores[device] = TuningStore(settings.current().cache_dir, self.family, fp)
+        return store
+
+    def _facts(self, device: int) -> tuple:
+        props = torch.cuda.get_device_properties(device)
+        return props.name, (props.major, props.minor), torch.version.cuda
+
+    def launch(self, choice: Choice, grid, args: tuple, device: int) -> None:
+        """Run ``choice`` on ``args`` (``grid``: unused, the op sizes its own) on ``device``."""
+        if device != torch.cuda.current_device():
+            with torch.cuda.device(device):
+                self._op()(*args, *choice.values)
+            return
+        self._op()(*args, *choice.values)
+
+    def compiled(self, choice: Choice, args: tuple, device: int):
+        return None
+
+
+class OpPlan:
+    """A call shape's launch of a ``TunedOp`` (``triton_launch.Plan``'s interface): ``plan(prefix,
+    device)`` runs the chosen config on this call's leading arguments. ``native`` says why a
+    ``NativeTable`` can't replay it (it is an op, not a Triton kernel)."""
+
+    __slots__ = ("kernel", "choice", "facts", "native", "compiled", "grid", "tail")
+
+    def __init__(self, kernel: TunedOp, choice: Choice, facts):
+        self.kernel, self.choice, self.facts = kernel, choice, facts
+        self.native = "an extension's op, not a Triton kernel: launched from Python"
+        self.compiled, self.grid, self.tail = None, None, choice.values
+
+    def __call__(self, prefix: tuple, device: int) -> None:
+        self.kernel.launch(self.choice, None, prefix, device)
+
+
+__all__ = ["OpPlan", "TunedOp"]
