@@ -33,10 +33,11 @@ MAX_TOKENS = 32
 """The most tokens the compiled variants take (8-token tiles 1, 2, 4)."""
 SIDES = (32, 64, 128)
 """The block sides compiled (either side)."""
-CONFIGS = tuple({"stages": s, "ctas": c} for c, s in
-                [(2, 3), (2, 2), (2, 4), (1, 4), (1, 6), (1, 8), (2, 6), (3, 2), (3, 3), (1, 3)])
-"""Blocks in flight a CTA and CTAs an SM; the first (untimed) is the H100's best at 64-blocks
-(docs/benchmarks.md, issue 35)."""
+CONFIGS = tuple({"stages": s, "ctas": c, "ahead": a} for s, c, a in
+                [(3, 2, 0), (2, 2, 0), (4, 2, 0), (4, 1, 0), (6, 1, 0), (2, 3, 0), (3, 3, 0),
+                 (2, 2, 4), (3, 2, 4), (2, 2, 8), (3, 2, 8), (4, 1, 8), (4, 1, 16), (2, 3, 4), (2, 3, 8)])
+"""Blocks in flight a CTA into shared memory, CTAs an SM, blocks asked into L2 past those; the first
+(untimed) is the H100's best at 64-blocks (docs/benchmarks.md, issue 35)."""
 
 
 class BlockSparseDecodeCuda(CudaExtension):
@@ -131,7 +132,7 @@ def plan(x, w, bias, y, cols, row_ptr, out_features: int, kind: str, key: tuple,
     def trial(choice):
         return None, (x, w, bias, y, cols, row_ptr, counts(units), 0)
 
-    choice = KERNEL.choose(key, x.device.index, trial, lambda c: grid(x, bh, bw, *c.values) > 0)
+    choice = KERNEL.choose(key, x.device.index, trial, lambda c: grid(x, bh, bw, c.kwargs["stages"], c.kwargs["ctas"]) > 0)
     return OpPlan(KERNEL, choice, facts)
 
 

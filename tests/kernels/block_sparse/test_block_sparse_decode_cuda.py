@@ -202,14 +202,14 @@ def test_graph_replay_equals_eager(tokens, route):
 needs_hopper = pytest.mark.skipif(not HOPPER, reason="the CUDA decode kernel needs sm_90 or newer")
 
 
-def run_cuda(lay, w, x, b, chunk: int, stages: int = 3, ctas: int = 2):
+def run_cuda(lay, w, x, b, chunk: int, stages: int = 3, ctas: int = 2, ahead: int = 0):
     """The CUDA kernel with an explicit share a CTA (0: the grid's equal share); y starts as NaN, so an
     output stored by nobody shows."""
     idx = lay.indices("cuda")
     nnz, bh, bw = w.shape
     y = torch.full((x.shape[0], lay.shape[0]), float("nan"), device="cuda", dtype=x.dtype)
     counts = torch.zeros(lay.shape[0] // bh * (bh // 16), dtype=torch.int32, device="cuda")
-    cuda_decode.ops().forward(x, w, b, y, idx.cols, idx.row_ptr, counts, chunk, stages, ctas)
+    cuda_decode.ops().forward(x, w, b, y, idx.cols, idx.row_ptr, counts, chunk, stages, ctas, ahead)
     assert counts.eq(0).all()  # left at zero for the next launch
     return y
 
@@ -249,7 +249,7 @@ def test_the_route_runs_the_cuda_kernel_when_it_comes_first(monkeypatch):
 def test_every_way_the_cuda_kernels_shares_cut_the_rows(tokens, block, dtype):
     """Shares of 1, 2, 3, 5 and 7 blocks, of all, of more than all (and the grid's own): rows whole
     in a CTA, cut at one end or both, over many CTAs; empty rows anywhere; with and without a bias."""
-    for name, mask in layouts(block[0]):
+    for _, mask in layouts(block[0]):
         for bias in (True, False):
             lay, w, x, b, ref = case(mask, block, tokens, dtype, bias)
             for chunk in sorted({0, 1, 2, 3, 5, 7, max(1, lay.nnz), lay.nnz + 4}):
@@ -257,11 +257,11 @@ def test_every_way_the_cuda_kernels_shares_cut_the_rows(tokens, block, dtype):
 
 
 @needs_hopper
-@pytest.mark.parametrize("stages, ctas", [(1, 1), (2, 3), (8, 1), (4, 64)])
-def test_every_ring_depth_and_ctas_an_sm(stages, ctas):
+@pytest.mark.parametrize("stages, ctas, ahead", [(1, 1, 0), (2, 3, 4), (8, 1, 0), (4, 64, 1), (2, 2, 100)])
+def test_every_ring_depth_ctas_an_sm_and_prefetch(stages, ctas, ahead):
     lay, w, x, b, ref = case(ragged(9), (64, 64), 9, torch.bfloat16)
-    close(run_cuda(lay, w, x, b, 0, stages, ctas), ref, torch.bfloat16)
-    close(run_cuda(lay, w, x, b, 2, stages, ctas), ref, torch.bfloat16)
+    for chunk in (0, 2, 5):
+        close(run_cuda(lay, w, x, b, chunk, stages, ctas, ahead), ref, torch.bfloat16)
 
 
 @needs_hopper
@@ -275,7 +275,7 @@ def test_many_small_layouts_every_share_twice_and_bitwise_repeatable():
         tokens = (1, 5, 32)[trial % 3]
         lay, w, x, b, ref = case(mask, (32, 32), tokens, torch.float16, bias=trial % 2 == 0, seed=trial)
         for chunk in range(0, lay.nnz + 2):
-            first = run_cuda(lay, w, x, b, chunk)
+            first = run_cuda(lay, w, x, b, chunk, ahead=trial % 3)
             close(first, ref, torch.float16)
             assert torch.equal(first, run_cuda(lay, w, x, b, chunk))
 
@@ -293,7 +293,7 @@ def test_a_real_model_size_through_the_cuda_kernel_is_deterministic():
         ref = x.double() @ lay.scatter(w.double()).t() + b.double()
         y = run_cuda(lay, w, x, b, 0)
         close(y, ref, torch.bfloat16)
-        assert torch.equal(y, run_cuda(lay, w, x, b, 0))
+        assert torch.equal(y, run_cuda(lay, w, x, b, 0, ahead=8))  # the prefetch changes no sum
 
 
 @needs_hopper
@@ -309,12 +309,13 @@ def test_bad_input_to_the_cuda_kernel_is_a_clear_error():
             fwd(*args)
     big = torch.zeros(33, x.shape[1], device="cuda", dtype=x.dtype)
     refused("1 to 32 tokens", big, w, b, torch.empty(33, lay.shape[0], device="cuda", dtype=x.dtype), idx.cols,
-            idx.row_ptr, counts, 0, 3, 2)
-    refused("bfloat16 or float16", x.float(), w.float(), None, y.float(), idx.cols, idx.row_ptr, counts, 0, 3, 2)
-    refused("contiguous", x, w.transpose(1, 2), b, y, idx.cols, idx.row_ptr, counts, 0, 3, 2)
-    refused("int32 zeros of at least", x, w, b, y, idx.cols, idx.row_ptr, counts[:3], 0, 3, 2)
-    refused("int64", x, w, b, y, idx.cols.int(), idx.row_ptr, counts, 0, 3, 2)
-    refused("CUDA tensor", x.cpu(), w, b, y, idx.cols, idx.row_ptr, counts, 0, 3, 2)
-    refused("chunk must be", x, w, b, y, idx.cols, idx.row_ptr, counts, -1, 3, 2)
-    refused("no variant", x, w, b, y, idx.cols, idx.row_ptr, counts, 0, 60, 2)  # the ring can't fit
+            idx.row_ptr, counts, 0, 3, 2, 0)
+    refused("bfloat16 or float16", x.float(), w.float(), None, y.float(), idx.cols, idx.row_ptr, counts, 0, 3, 2, 0)
+    refused("contiguous", x, w.transpose(1, 2), b, y, idx.cols, idx.row_ptr, counts, 0, 3, 2, 0)
+    refused("int32 zeros of at least", x, w, b, y, idx.cols, idx.row_ptr, counts[:3], 0, 3, 2, 0)
+    refused("int64", x, w, b, y, idx.cols.int(), idx.row_ptr, counts, 0, 3, 2, 0)
+    refused("CUDA tensor", x.cpu(), w, b, y, idx.cols, idx.row_ptr, counts, 0, 3, 2, 0)
+    refused("ahead must be", x, w, b, y, idx.cols, idx.row_ptr, counts, 0, 3, 2, -1)
+    refused("chunk must be", x, w, b, y, idx.cols, idx.row_ptr, counts, -1, 3, 2, 0)
+    refused("no variant", x, w, b, y, idx.cols, idx.row_ptr, counts, 0, 60, 2, 0)  # the ring can't fit
     assert cuda_decode.ops().grid(big, 64, 64, 3, 2) == 0 and cuda_decode.ops().grid(x, 64, 64, 3, 2) > 0

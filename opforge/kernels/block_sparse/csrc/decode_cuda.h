@@ -33,13 +33,13 @@ struct Args {
   int tokens, k_in, n_out, bh, rows, nnz, chunk;  // chunk: blocks a CTA
 };
 
-// A launch: the variant (8-token tiles, bw / 32, bh / 16) and its config (blocks in flight a CTA,
-// CTAs an SM).
+// A launch: the variant (8-token tiles, bw / 32, bh / 16) and its config (blocks in flight a CTA into
+// shared memory, CTAs an SM, blocks a CTA prefetches into L2 past those).
 struct Config {
-  int nt, kq, mt, stages, ctas;
+  int nt, kq, mt, stages, ctas, ahead;
 };
 
-using Kernel = void (*)(Args, int);
+using Kernel = void (*)(Args, int, int);
 
 // The kernel of a variant (nullptr: not compiled). One table a dtype (decode_cuda_{bf16,f16}.cu).
 Kernel kernel_bf16(int nt, int kq, int mt);

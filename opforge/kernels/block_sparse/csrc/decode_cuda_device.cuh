@@ -119,6 +119,11 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, int bytes,
                : "memory");
 }
 
+// One lane: `bytes` from global `src` on their way into L2 (no barrier: a later bulk copy finds them there).
+__device__ __forceinline__ void prefetch_l2(const void* src, int bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
+
 __device__ __forceinline__ uint4 lds128(const void* p) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(smem_u32(p)));

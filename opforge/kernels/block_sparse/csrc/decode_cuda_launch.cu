@@ -50,7 +50,7 @@ cudaError_t grid_of(bool bf16, const Config& c, int device, int* grid) {
 cudaError_t launch(bool bf16, const Config& c, int grid, const Args& a, cudaStream_t stream) {
   const Kernel fn = bf16 ? kernel_bf16(c.nt, c.kq, c.mt) : kernel_f16(c.nt, c.kq, c.mt);
   if (fn == nullptr || grid < 1) return cudaErrorInvalidConfiguration;
-  fn<<<grid, threads_of(c), smem_of(c, 2), stream>>>(a, c.stages);
+  fn<<<grid, threads_of(c), smem_of(c, 2), stream>>>(a, c.stages, c.ahead);
   return cudaGetLastError();
 }
 

@@ -1,0 +1,83 @@
+"""Probe: the package's CUDA decode kernel (``opforge/kernels/block_sparse/cuda_decode.py``) in every
+config of a grid (ring slots a CTA, CTAs an SM, blocks prefetched into L2 past the ring) on the rows
+of issue 35, against the decode route with and without it, dense ``F.linear`` and cuBLAS on the same
+bytes (the floor); 16 rotated layers, graph-replayed, GPU µs per layer. Each config is checked
+against the module's output first.
+
+Usage::
+
+    python bench/cuda_probe/decode_cuda_configs.py [--shapes ...] [--tokens 1,16] [--densities ...]
+        [--stages 2,3,4] [--ctas 1,2] [--ahead 0,4,8,16] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode_floor import graph_us, issue_rows, probe_args  # noqa: E402
+
+
+def main() -> None:
+    ap = probe_args(argparse.ArgumentParser())
+    ap.add_argument("--stages", default="2,3,4")
+    ap.add_argument("--ctas", default="1,2")
+    ap.add_argument("--ahead", default="0,4,8,16")
+    ap.add_argument("--json")
+    ap.set_defaults(tokens="1,16")
+    args = ap.parse_args()
+    from opforge.kernels.block_sparse import cuda_decode, triton_impl
+    from opforge.kernels.block_sparse.triton_sizing import split_counts
+
+    dev, dt, n = torch.device("cuda"), torch.bfloat16, args.layers
+    op = cuda_decode.ops().forward
+    counts = split_counts(0, 1 << 16)
+    grid = list(itertools.product(*(list(map(int, getattr(args, a).split(","))) for a in ("stages", "ctas", "ahead"))))
+    route, names = triton_impl.DECODE_ROUTE, triton_impl.DECODE_ROUTE.names
+
+    def run(m, x, cfg):
+        idx = m.layout.indices(dev)
+        y = torch.empty(x.shape[0], m.out_features, device=dev, dtype=x.dtype)
+        op(x, m.weight_blocks, m.bias, y, idx.cols, idx.row_ptr, counts, 0, *cfg)
+        return y
+
+    out = []
+    for row in issue_rows(args, dev, dt, seed=1):
+        x, dense, same, mods = row.pop("x"), row["dense_us"], row["same_bytes_us"], row.pop("mods")
+        row.pop("weights")
+        with torch.no_grad():
+            routed = {}
+            for label, use in (("triton", tuple(k for k in names if k != "cuda")), ("with_cuda", names)):
+                route.names = use
+                route.forget()
+                triton_impl.forget_plans()
+                routed[label] = graph_us(lambda: [m(x) for m in mods], dev, n)  # noqa: B023
+            route.names = names
+            ref = mods[0](x).float()
+            timings = {}
+            for cfg in grid:
+                got = run(mods[0], x, cfg).float()
+                err = ((got - ref).abs().max() / ref.abs().max()).item()
+                assert err < 2e-2, (cfg, err)
+                timings[cfg] = graph_us(lambda: [run(m, x, cfg) for m in mods], dev, n)  # noqa: B023
+        best = min(timings, key=timings.get)
+        by_ahead = {a: min(v for c, v in timings.items() if c[2] == a) for a in sorted({c[2] for c in grid})}
+        print(f"{row['in']}->{row['out']} T={row['tokens']} d={row['density']}: dense {dense:.1f} floor {same:.1f} | "
+              f"route triton {routed['triton']:.1f} with cuda {routed['with_cuda']:.1f} | cuda best {timings[best]:.1f} "
+              f"{best} ({dense / timings[best]:.2f}x, {100 * same / timings[best]:.0f}% of floor); best by ahead "
+              f"{ {a: round(v, 1) for a, v in by_ahead.items()} }", flush=True)
+        out.append({k: row[k] for k in ("in", "out", "tokens", "density", "dense_us", "same_bytes_us")} |
+                   {"route_us": routed, "cuda": {",".join(map(str, c)): v for c, v in timings.items()}})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": out}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
