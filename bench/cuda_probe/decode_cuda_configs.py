@@ -1,5 +1,5 @@
 """Probe: the package's CUDA decode kernel (``opforge/kernels/block_sparse/cuda_decode.py``) in every
-config of a grid (ring slots a CTA, CTAs an SM, blocks prefetched into L2 past the ring) on the rows
+config of a grid (ring slots a CTA, CTAs an SM, launched as a programmatic dependent or not) on the rows
 of issue 35, against the decode route with and without it, dense ``F.linear`` and cuBLAS on the same
 bytes (the floor); 16 rotated layers, graph-replayed, GPU µs per layer. Each config is checked
 against the module's output first.
@@ -7,7 +7,10 @@ against the module's output first.
 Usage::
 
     python bench/cuda_probe/decode_cuda_configs.py [--shapes ...] [--tokens 1,16] [--densities ...]
-        [--stages 2,3,4] [--ctas 1,2] [--ahead 0,4,8,16] [--json OUT]
+        [--stages 2,3,4] [--ctas 1,2] [--overlap 0,1] [--json OUT]
+
+(Commit c8e9819 had a third knob instead of the overlap, blocks prefetched into L2 past the ring:
+slower in every row, ``docs/data/block_sparse_decode_cuda_prefetch_h100.json``.)
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ def main() -> None:
     ap = probe_args(argparse.ArgumentParser())
     ap.add_argument("--stages", default="2,3,4")
     ap.add_argument("--ctas", default="1,2")
-    ap.add_argument("--ahead", default="0,4,8,16")
+    ap.add_argument("--overlap", default="0,1")
     ap.add_argument("--json")
     ap.set_defaults(tokens="1,16")
     args = ap.parse_args()
@@ -38,7 +41,7 @@ def main() -> None:
     dev, dt, n = torch.device("cuda"), torch.bfloat16, args.layers
     op = cuda_decode.ops().forward
     counts = split_counts(0, 1 << 16)
-    grid = list(itertools.product(*(list(map(int, getattr(args, a).split(","))) for a in ("stages", "ctas", "ahead"))))
+    grid = list(itertools.product(*(list(map(int, getattr(args, a).split(","))) for a in ("stages", "ctas", "overlap"))))
     route, names = triton_impl.DECODE_ROUTE, triton_impl.DECODE_ROUTE.names
 
     def run(m, x, cfg):
@@ -67,11 +70,11 @@ def main() -> None:
                 assert err < 2e-2, (cfg, err)
                 timings[cfg] = graph_us(lambda: [run(m, x, cfg) for m in mods], dev, n)  # noqa: B023
         best = min(timings, key=timings.get)
-        by_ahead = {a: min(v for c, v in timings.items() if c[2] == a) for a in sorted({c[2] for c in grid})}
+        by_overlap = {o: min(v for c, v in timings.items() if c[2] == o) for o in sorted({c[2] for c in grid})}
         print(f"{row['in']}->{row['out']} T={row['tokens']} d={row['density']}: dense {dense:.1f} floor {same:.1f} | "
               f"route triton {routed['triton']:.1f} with cuda {routed['with_cuda']:.1f} | cuda best {timings[best]:.1f} "
-              f"{best} ({dense / timings[best]:.2f}x, {100 * same / timings[best]:.0f}% of floor); best by ahead "
-              f"{ {a: round(v, 1) for a, v in by_ahead.items()} }", flush=True)
+              f"{best} ({dense / timings[best]:.2f}x, {100 * same / timings[best]:.0f}% of floor); best by overlap "
+              f"{ {o: round(v, 1) for o, v in by_overlap.items()} }", flush=True)
         out.append({k: row[k] for k in ("in", "out", "tokens", "density", "dense_us", "same_bytes_us")} |
                    {"route_us": routed, "cuda": {",".join(map(str, c)): v for c, v in timings.items()}})
     if args.json:

@@ -33,11 +33,11 @@ MAX_TOKENS = 32
 """The most tokens the compiled variants take (8-token tiles 1, 2, 4)."""
 SIDES = (32, 64, 128)
 """The block sides compiled (either side)."""
-CONFIGS = tuple({"stages": s, "ctas": c, "ahead": a} for s, c, a in
-                [(3, 2, 0), (2, 2, 0), (4, 2, 0), (4, 1, 0), (6, 1, 0), (2, 3, 0), (3, 3, 0),
-                 (2, 2, 4), (3, 2, 4), (2, 2, 8), (3, 2, 8), (4, 1, 8), (4, 1, 16), (2, 3, 4), (2, 3, 8)])
-"""Blocks in flight a CTA into shared memory, CTAs an SM, blocks asked into L2 past those; the first
-(untimed) is the H100's best at 64-blocks (docs/benchmarks.md, issue 35)."""
+CONFIGS = tuple({"stages": s, "ctas": 2, "overlap": o} for o in (1, 0) for s in (2, 3, 4))
+"""Blocks in flight a CTA, CTAs an SM, and whether it launches as a programmatic dependent of the
+kernel before it (1: its prologue and first weight requests overlap that kernel's end). On the H100
+two CTAs an SM won every row, one lost 1-5 µs, deeper rings and L2 prefetch past the ring lost too
+(docs/benchmarks.md, issue 35, thirteenth session); the first (untimed) is the best there at d <= 0.25."""
 
 
 class BlockSparseDecodeCuda(CudaExtension):

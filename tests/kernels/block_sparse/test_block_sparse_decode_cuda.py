@@ -202,14 +202,14 @@ def test_graph_replay_equals_eager(tokens, route):
 needs_hopper = pytest.mark.skipif(not HOPPER, reason="the CUDA decode kernel needs sm_90 or newer")
 
 
-def run_cuda(lay, w, x, b, chunk: int, stages: int = 3, ctas: int = 2, ahead: int = 0):
+def run_cuda(lay, w, x, b, chunk: int, stages: int = 3, ctas: int = 2, overlap: int = 0):
     """The CUDA kernel with an explicit share a CTA (0: the grid's equal share); y starts as NaN, so an
     output stored by nobody shows."""
     idx = lay.indices("cuda")
     nnz, bh, bw = w.shape
     y = torch.full((x.shape[0], lay.shape[0]), float("nan"), device="cuda", dtype=x.dtype)
     counts = torch.zeros(lay.shape[0] // bh * (bh // 16), dtype=torch.int32, device="cuda")
-    cuda_decode.ops().forward(x, w, b, y, idx.cols, idx.row_ptr, counts, chunk, stages, ctas, ahead)
+    cuda_decode.ops().forward(x, w, b, y, idx.cols, idx.row_ptr, counts, chunk, stages, ctas, overlap)
     assert counts.eq(0).all()  # left at zero for the next launch
     return y
 
@@ -257,11 +257,37 @@ def test_every_way_the_cuda_kernels_shares_cut_the_rows(tokens, block, dtype):
 
 
 @needs_hopper
-@pytest.mark.parametrize("stages, ctas, ahead", [(1, 1, 0), (2, 3, 4), (8, 1, 0), (4, 64, 1), (2, 2, 100)])
-def test_every_ring_depth_ctas_an_sm_and_prefetch(stages, ctas, ahead):
+@pytest.mark.parametrize("stages, ctas, overlap", [(1, 1, 0), (2, 3, 1), (8, 1, 0), (4, 64, 1), (6, 1, 1)])
+def test_every_ring_depth_ctas_an_sm_and_overlap(stages, ctas, overlap):
     lay, w, x, b, ref = case(ragged(9), (64, 64), 9, torch.bfloat16)
     for chunk in (0, 2, 5):
-        close(run_cuda(lay, w, x, b, chunk, stages, ctas, ahead), ref, torch.bfloat16)
+        close(run_cuda(lay, w, x, b, chunk, stages, ctas, overlap), ref, torch.bfloat16)
+
+
+@needs_hopper
+def test_an_overlapped_launch_reads_what_the_kernels_before_it_wrote():
+    """Launched as a programmatic dependent, the kernel starts while the one before it on the stream
+    ends: it must read x, the weights and the layout only once that one is done. Here the kernels
+    right before it write all three in place (as an optimizer step or a layout update would), after
+    an overlapped launch on the old values: every result must be the new one."""
+    mask = ragged(9)
+    lay, w, x, _, ref = case(mask, (64, 64), 17, torch.bfloat16, bias=False)
+    idx = lay.indices("cuda")
+    for trial in range(10):
+        g = torch.Generator().manual_seed(100 + trial)
+        moved = torch.stack([row[torch.randperm(9, generator=g)] for row in mask])  # the rows' blocks elsewhere
+        lay2, w2, x2, _, ref2 = case(moved, (64, 64), 17, torch.bfloat16, bias=False, seed=trial + 1)
+        new = lay2.indices("cuda")
+        assert torch.equal(new.row_ptr, idx.row_ptr)
+        wb, xb, cols = w.clone(), x.clone(), idx.cols.clone()
+        close(run_cuda(lay, wb, xb, None, 0, 3, 2, 1), ref, torch.bfloat16)
+        y = torch.full((17, lay.shape[0]), float("nan"), device="cuda", dtype=x.dtype)
+        counts = torch.zeros(lay.shape[0] // 16, dtype=torch.int32, device="cuda")
+        wb.copy_(w2)  # the kernels right before the overlapped launch write all its inputs
+        xb.copy_(x2)
+        cols.copy_(new.cols)
+        cuda_decode.ops().forward(xb, wb, None, y, cols, idx.row_ptr, counts, 0, 3, 2, 1)
+        close(y, ref2, torch.bfloat16)
 
 
 @needs_hopper
@@ -275,7 +301,7 @@ def test_many_small_layouts_every_share_twice_and_bitwise_repeatable():
         tokens = (1, 5, 32)[trial % 3]
         lay, w, x, b, ref = case(mask, (32, 32), tokens, torch.float16, bias=trial % 2 == 0, seed=trial)
         for chunk in range(0, lay.nnz + 2):
-            first = run_cuda(lay, w, x, b, chunk, ahead=trial % 3)
+            first = run_cuda(lay, w, x, b, chunk, overlap=trial % 2)
             close(first, ref, torch.float16)
             assert torch.equal(first, run_cuda(lay, w, x, b, chunk))
 
@@ -293,7 +319,7 @@ def test_a_real_model_size_through_the_cuda_kernel_is_deterministic():
         ref = x.double() @ lay.scatter(w.double()).t() + b.double()
         y = run_cuda(lay, w, x, b, 0)
         close(y, ref, torch.bfloat16)
-        assert torch.equal(y, run_cuda(lay, w, x, b, 0, ahead=8))  # the prefetch changes no sum
+        assert torch.equal(y, run_cuda(lay, w, x, b, 0, overlap=1))  # the overlap changes no sum
 
 
 @needs_hopper
@@ -315,7 +341,7 @@ def test_bad_input_to_the_cuda_kernel_is_a_clear_error():
     refused("int32 zeros of at least", x, w, b, y, idx.cols, idx.row_ptr, counts[:3], 0, 3, 2, 0)
     refused("int64", x, w, b, y, idx.cols.int(), idx.row_ptr, counts, 0, 3, 2, 0)
     refused("CUDA tensor", x.cpu(), w, b, y, idx.cols, idx.row_ptr, counts, 0, 3, 2, 0)
-    refused("ahead must be", x, w, b, y, idx.cols, idx.row_ptr, counts, 0, 3, 2, -1)
+    refused("overlap must be 0 or 1", x, w, b, y, idx.cols, idx.row_ptr, counts, 0, 3, 2, 2)
     refused("chunk must be", x, w, b, y, idx.cols, idx.row_ptr, counts, -1, 3, 2, 0)
     refused("no variant", x, w, b, y, idx.cols, idx.row_ptr, counts, 0, 60, 2, 0)  # the ring can't fit
     assert cuda_decode.ops().grid(big, 64, 64, 3, 2) == 0 and cuda_decode.ops().grid(x, 64, 64, 3, 2) > 0

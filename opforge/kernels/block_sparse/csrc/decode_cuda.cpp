@@ -4,14 +4,15 @@
 //
 // Ops, registered under the namespace given by -DOPFORGE_NS=<name> (cuda_decode.py calls them):
 //   forward(Tensor x, Tensor w, Tensor? b, Tensor(a!) y, Tensor cols, Tensor row_ptr,
-//           Tensor(b!) counts, int chunk, int stages, int ctas, int ahead) -> ()
+//           Tensor(b!) counts, int chunk, int stages, int ctas, int overlap) -> ()
 //     y = x Wᵀ (+ b): x (T, in) with 1 <= T <= 32 and w (nnz, bh, bw) contiguous, float16 or
 //     bfloat16, 16-byte aligned, bh and bw of 32, 64 or 128; b (out) of x's dtype, contiguous; y
 //     (T, out) of x's dtype, contiguous; cols (nnz) and row_ptr (out / bh + 1) int64, the layout's;
 //     counts int32 zeros of at least (out / bh) * (bh / 16) elements, left at zero (one buffer a
 //     stream). chunk: blocks a CTA (0: an equal share of the grid's; tests cut the rows every way
-//     with it); stages: blocks in flight a CTA into shared memory; ctas: CTAs an SM (as many as
-//     fit, if fewer); ahead: blocks a CTA asks into L2 past those.
+//     with it); stages: blocks in flight a CTA; ctas: CTAs an SM (as many as fit, if fewer);
+//     overlap: 1 to launch as a programmatic dependent of the kernel before it on the stream
+//     (decode_cuda_kernel.cuh), 0 not.
 //   grid(Tensor x, int bh, int bw, int stages, int ctas) -> int
 //     the CTAs forward launches for x's tokens, dtype and device with that config: 0 when no
 //     variant takes it (not compiled, older than sm_90, or too large for shared memory).
@@ -61,11 +62,11 @@ void check_on(const Tensor& t, const char* name, int32_t device) {
 bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
 // The variant of T tokens and bh x bw blocks (nt 0: none takes T).
-k::Config config_of(int64_t tokens, int64_t bh, int64_t bw, int64_t stages, int64_t ctas, int64_t ahead = 0) {
+k::Config config_of(int64_t tokens, int64_t bh, int64_t bw, int64_t stages, int64_t ctas, bool overlap = false) {
   const int64_t tiles = (tokens + 7) / 8;
   const int nt = tiles <= 2 ? static_cast<int>(tiles) : (tiles <= 4 ? 4 : 0);
   return k::Config{nt, static_cast<int>(bw / 32), static_cast<int>(bh / 16), static_cast<int>(std::clamp<int64_t>(stages, 0, 64)),
-                   static_cast<int>(std::clamp<int64_t>(ctas, 0, 64)), static_cast<int>(std::clamp<int64_t>(ahead, 0, 1024))};
+                   static_cast<int>(std::clamp<int64_t>(ctas, 0, 64)), overlap ? 1 : 0};
 }
 
 bool shape_compiled(int64_t bh, int64_t bw) {
@@ -91,7 +92,7 @@ int64_t grid(Tensor x, int64_t bh, int64_t bw, int64_t stages, int64_t ctas) {
 }
 
 void forward(Tensor x, Tensor w, std::optional<Tensor> b, Tensor y, Tensor cols, Tensor row_ptr, Tensor counts,
-             int64_t chunk, int64_t stages, int64_t ctas, int64_t ahead) {
+             int64_t chunk, int64_t stages, int64_t ctas, int64_t overlap) {
   STD_TORCH_CHECK(x.is_cuda(), kOp, ": x must be a CUDA tensor, got ", device_name(x));
   const int32_t device = x.get_device_index();
   check_on(x, "x", device);
@@ -126,7 +127,7 @@ void forward(Tensor x, Tensor w, std::optional<Tensor> b, Tensor y, Tensor cols,
   STD_TORCH_CHECK(nnz < (int64_t{1} << 30) && units < (int64_t{1} << 30) && tokens * k_in < (int64_t{1} << 40), kOp,
                   ": the layout is too large for this kernel (", nnz, " blocks)");
   STD_TORCH_CHECK(chunk >= 0, kOp, ": chunk must be >= 0 (0: an equal share), got ", chunk);
-  STD_TORCH_CHECK(ahead >= 0, kOp, ": ahead must be >= 0, got ", ahead);
+  STD_TORCH_CHECK(overlap == 0 || overlap == 1, kOp, ": overlap must be 0 or 1, got ", overlap);
   const void* bp = nullptr;
   if (b) {
     check_on(*b, "b", device);
@@ -136,7 +137,7 @@ void forward(Tensor x, Tensor w, std::optional<Tensor> b, Tensor y, Tensor cols,
   }
 
   const torch::stable::accelerator::DeviceGuard guard(device);
-  const k::Config c = config_of(tokens, bh, bw, stages, ctas, ahead);
+  const k::Config c = config_of(tokens, bh, bw, stages, ctas, overlap == 1);
   int grid = grid_for(x, bh, bw, stages, ctas);
   STD_TORCH_CHECK(grid > 0, kOp, ": no variant for ", tokens, " tokens and ", bh, " x ", bw, " blocks with ", stages,
                   " stages and ", ctas, " CTAs an SM on cuda:", device,
@@ -164,7 +165,7 @@ void forward(Tensor x, Tensor w, std::optional<Tensor> b, Tensor y, Tensor cols,
 
 OPFORGE_LIBRARY(OPFORGE_NS, m) {
   m.def("forward(Tensor x, Tensor w, Tensor? b, Tensor(a!) y, Tensor cols, Tensor row_ptr, Tensor(b!) counts, "
-        "int chunk, int stages, int ctas, int ahead) -> ()");
+        "int chunk, int stages, int ctas, int overlap) -> ()");
   m.def("grid(Tensor x, int bh, int bw, int stages, int ctas) -> int");
 }
 

@@ -33,13 +33,14 @@ struct Args {
   int tokens, k_in, n_out, bh, rows, nnz, chunk;  // chunk: blocks a CTA
 };
 
-// A launch: the variant (8-token tiles, bw / 32, bh / 16) and its config (blocks in flight a CTA into
-// shared memory, CTAs an SM, blocks a CTA prefetches into L2 past those).
+// A launch: the variant (8-token tiles, bw / 32, bh / 16) and its config (blocks in flight a CTA,
+// CTAs an SM, and overlap: 1 to launch as a programmatic dependent of the kernel before it on the
+// stream, which starts while that one ends: see decode_cuda_kernel.cuh).
 struct Config {
-  int nt, kq, mt, stages, ctas, ahead;
+  int nt, kq, mt, stages, ctas, overlap;
 };
 
-using Kernel = void (*)(Args, int, int);
+using Kernel = void (*)(Args, int);
 
 // The kernel of a variant (nullptr: not compiled). One table a dtype (decode_cuda_{bf16,f16}.cu).
 Kernel kernel_bf16(int nt, int kq, int mt);

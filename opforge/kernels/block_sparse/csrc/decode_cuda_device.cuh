@@ -119,10 +119,17 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, int bytes,
                : "memory");
 }
 
-// One lane: `bytes` from global `src` on their way into L2 (no barrier: a later bulk copy finds them there).
+// One lane: `bytes` from global `src` on their way into L2 (no barrier, no data: harmless even
+// where a kernel still running writes `src`, since L2 is where its writes land).
 __device__ __forceinline__ void prefetch_l2(const void* src, int bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
+
+// Programmatic dependent launch: wait until the kernels this one may overlap have finished and their
+// writes are visible (at once when it wasn't launched as a dependent), and let the next kernel on
+// the stream start its own prologue.
+__device__ __forceinline__ void wait_for_prior_grids() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void let_dependents_start() { asm volatile("griddepcontrol.launch_dependents;" :::); }
 
 __device__ __forceinline__ uint4 lds128(const void* p) {
   uint4 v;

@@ -5,9 +5,8 @@
 // * CTA c takes the blocks [c * chunk, (c + 1) * chunk) in storage order: an equal share of the
 //   bytes whatever the rows' lengths, so no SM waits on a long row.
 // * A producer warp (one lane) copies the share's blocks into a ring of `stages` slots in shared
-//   memory with the copy engine (cp.async.bulk; an mbarrier for a slot full, one for it empty),
-//   and asks for the `ahead` blocks past those to come into L2 (cp.async.bulk.prefetch): the bytes
-//   in flight are bounded neither by registers nor by shared memory. bh / 16 consumer warps each
+//   memory with the copy engine (cp.async.bulk; an mbarrier for a slot full, one for it empty):
+//   the bytes in flight are bounded by shared memory, not registers. bh / 16 consumer warps each
 //   take a 16-row strip of every block, so a block is read from HBM once.
 // * Nothing a consumer needs later is fetched when it is needed: the blocks' columns come 32 at a
 //   time across the lanes (a step's column is a shuffle) with the next 32 on their way, and x
@@ -21,6 +20,11 @@
 //   walk, not a chain. It waits only on CTAs of lower index, which never wait on it: no deadlock.
 //   Each (row, strip) count goes back to zero for the next launch.
 // * Empty block-rows (no blocks, so in no share) get the bias, or zeros, from every warp at the end.
+// * Launched as a programmatic dependent (Config::overlap), a CTA starts while the kernel before it
+//   on the stream ends, and asks for its first `stages` blocks into L2 (a prefetch: no data read)
+//   before it waits for that kernel (griddepcontrol.wait) and reads anything, weights included:
+//   the kernel before may be the one that wrote them. Each CTA lets the next kernel start once its
+//   last copy is issued.
 //
 // On the H100 it reads the weight at up to ~2.9 TB/s (docs/benchmarks.md, issue 35).
 #pragma once
@@ -136,7 +140,7 @@ __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, in
 
 // MT = bh / 16 consumer warps and a producer warp.
 template <bool BF16, int NT, int KQ, int MT>
-__global__ void __launch_bounds__(32 * (MT + 1)) decode_kernel(const Args a, int stages, int ahead) {
+__global__ void __launch_bounds__(32 * (MT + 1)) decode_kernel(const Args a, int stages) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // the copy engine's bulk copies (grid_of offers sm_90+ only)
   using T = typename Elem<BF16>::T;
   constexpr int BLOCK = 16 * MT * 32 * KQ * static_cast<int>(sizeof(T));
@@ -148,32 +152,32 @@ __global__ void __launch_bounds__(32 * (MT + 1)) decode_kernel(const Args a, int
   const int c = blockIdx.x;
   const int lo = c * a.chunk;
   const int hi = min(lo + a.chunk, a.nnz);
+  const unsigned char* w = static_cast<const unsigned char*>(a.w);
+  auto block = [&](int k) { return w + static_cast<int64_t>(hi - 1 - k) * BLOCK; };  // step k's block
   if (threadIdx.x == 0) {
+    for (int k = 0; k < min(stages, hi - lo); ++k) prefetch_l2(block(k), BLOCK);
     for (int i = 0; i < stages; ++i) {
       bar_init(full + i, 1);
       bar_init(empty + i, MT);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  wait_for_prior_grids();
   __syncthreads();
   if (lo < hi) {
     if (wi == MT) {
       if (lane == 0) {
-        const unsigned char* w = static_cast<const unsigned char*>(a.w);
-        auto block = [&](int k) { return w + static_cast<int64_t>(hi - 1 - k) * BLOCK; };
-        const int steps = hi - lo, horizon = stages + ahead;  // the blocks asked for: ring, then L2
-        for (int k = stages; k < min(steps, horizon); ++k) prefetch_l2(block(k), BLOCK);
         int slot = 0, round = 0;
-        for (int k = 0; k < steps; ++k) {
+        for (int k = 0; k < hi - lo; ++k) {
           if (round > 0) bar_wait(empty + slot, (round - 1) & 1);
           bulk_load(ring + slot * BLOCK, block(k), BLOCK, full + slot);
-          if (ahead > 0 && k + horizon < steps) prefetch_l2(block(k + horizon), BLOCK);
           if (++slot == stages) {
             slot = 0;
             ++round;
           }
         }
       }
+      let_dependents_start();
     } else {
       consume<BF16, NT, KQ, MT>(a, lo, hi, c, wi, stages, full, empty, ring);
     }

@@ -50,8 +50,17 @@ cudaError_t grid_of(bool bf16, const Config& c, int device, int* grid) {
 cudaError_t launch(bool bf16, const Config& c, int grid, const Args& a, cudaStream_t stream) {
   const Kernel fn = bf16 ? kernel_bf16(c.nt, c.kq, c.mt) : kernel_f16(c.nt, c.kq, c.mt);
   if (fn == nullptr || grid < 1) return cudaErrorInvalidConfiguration;
-  fn<<<grid, threads_of(c), smem_of(c, 2), stream>>>(a, c.stages, c.ahead);
-  return cudaGetLastError();
+  cudaLaunchConfig_t launch{};
+  launch.gridDim = dim3(grid);
+  launch.blockDim = dim3(threads_of(c));
+  launch.dynamicSmemBytes = smem_of(c, 2);
+  launch.stream = stream;
+  cudaLaunchAttribute overlap[1];
+  overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap[0].val.programmaticStreamSerializationAllowed = 1;
+  launch.attrs = overlap;
+  launch.numAttrs = c.overlap ? 1 : 0;
+  return cudaLaunchKernelEx(&launch, fn, a, c.stages);
 }
 
 }  // namespace opforge_block_sparse_decode
