@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 
 import torch
@@ -27,8 +28,14 @@ def main() -> None:
     ap = probe_args(argparse.ArgumentParser())
     ap.add_argument("--json")
     ap.add_argument("--warmup-ms", type=float, help="time the candidates with this much do_bench warm-up (opforge: 5)")
+    ap.add_argument("--timer", choices=("dobench", "read"), default="dobench",
+                    help="how configs and candidates are timed: triton's do_bench (an L2 flush that writes 256 MB "
+                         "before each run: opforge's), or read (a flush that reads 256 MB, the median of the runs)")
+    ap.add_argument("--picks", type=int, default=1, help="the route as in use this many times, tuned anew each")
     ap.set_defaults(tokens="1,16,64")
     args = ap.parse_args()
+    from opforge import settings
+    from opforge.engine.inventory import TUNING_DIR
     from opforge.kernels import triton_launch
     from opforge.kernels.block_sparse import triton_impl
 
@@ -36,6 +43,26 @@ def main() -> None:
         from triton.testing import do_bench
 
         triton_launch.TunedKernel._time = lambda self, fn: do_bench(fn, warmup=args.warmup_ms, rep=25)
+
+    if args.timer == "read":
+        from opforge.kernels import tuned_op
+
+        def read_timer(self, fn, reps: int = 100):
+            flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+            for _ in range(5):
+                fn()
+            times = []
+            for _ in range(reps):
+                flush.sum(dtype=torch.int32)  # L2 full of clean lines, as after a layer that read its weights
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            return sorted(times)[len(times) // 2]
+        triton_launch.TunedKernel._time = read_timer
+        tuned_op.TunedOp._time = read_timer
 
     dev, dt, n = torch.device("cuda"), torch.bfloat16, args.layers
     route = triton_impl.DECODE_ROUTE
@@ -45,14 +72,22 @@ def main() -> None:
         x, mods, dense = row.pop("x"), row.pop("mods"), row["dense_us"]
         row.pop("weights")
         with torch.no_grad():
-            for name in (*names, None):  # each alone, then the route as in use
+            for name in (*names, *[None] * args.picks):  # each alone, then the route as in use (picks times)
                 route.names = names if name is None else (name,)
                 route.forget()
                 triton_impl.forget_plans()
+                for k in triton_impl.KERNELS.values():
+                    k.forget()  # each config tuned anew too: from nothing kept in the process or the cache
+                shutil.rmtree(os.path.join(settings.current().cache_dir, TUNING_DIR), ignore_errors=True)
                 try:
-                    row[name or "routed"] = graph_us(lambda: [m(x) for m in mods], dev, n)  # noqa: B023
+                    got = graph_us(lambda: [m(x) for m in mods], dev, n)  # noqa: B023
                 except ValueError:  # a candidate not offered for these calls alone (cuda past 32 tokens)
-                    row[name] = float("inf")
+                    got = float("inf")
+                if name is None:
+                    row.setdefault("routed_all", []).append(got)
+                    row["routed"] = sorted(row["routed_all"])[len(row["routed_all"]) // 2]
+                else:
+                    row[name] = got
             row["picked"] = sorted({str(p.facts[0] if isinstance(p.facts, tuple) else p.facts)
                                     for p in triton_impl._FWD.values() if not isinstance(p, str)})
             row["configs"] = {name: [f"{c.kwargs} w{c.num_warps} s{c.num_stages}" for c in k._chosen.values()]
@@ -63,7 +98,8 @@ def main() -> None:
         best = min(names, key=row.get)
         print(f"{row['in']}->{row['out']} T={row['tokens']} d={row['density']}: dense {dense:.1f} floor "
               f"{row['same_bytes_us']:.1f}; " + " ".join(f"{k} {row[k]:.1f}" for k in names)
-              + f"; routed {row['routed']:.1f} ({dense / row['routed']:.2f}x, picked {row['picked']}, "
+              + f"; routed {row['routed']:.1f} {[round(v, 1) for v in row['routed_all']]} ({dense / row['routed']:.2f}x, "
+              f"picked {row['picked']}, "
               f"best {best} {dense / row[best]:.2f}x); tuned {row['configs']}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
