@@ -81,7 +81,7 @@ def main() -> None:
                 shutil.rmtree(os.path.join(settings.current().cache_dir, TUNING_DIR), ignore_errors=True)
                 try:
                     got = graph_us(lambda: [m(x) for m in mods], dev, n)  # noqa: B023
-                except ValueError:  # a candidate not offered for these calls alone (cuda past 32 tokens)
+                except ValueError:  # a candidate offered for none of these calls alone (cuda: no variant)
                     got = float("inf")
                 if name is None:
                     row.setdefault("routed_all", []).append(got)

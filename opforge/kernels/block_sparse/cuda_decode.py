@@ -6,8 +6,9 @@ one ring of blocks a CTA filled by the copy engine (``cp.async.bulk``), so the b
 bounded by shared memory rather than registers, and walks its share of the blocks backwards so
 rows cut between CTAs are summed with one trip to memory (``csrc/decode_cuda_kernel.cuh``).
 
-* **Where:** sm_90 and newer, float16 and bfloat16, 1 to 32 tokens, blocks of 32, 64 or 128 on
-  each side, x and w contiguous and 16-byte aligned, b contiguous (``offered``). Anything else, or
+* **Where:** sm_90 and newer, float16 and bfloat16, 1 to 64 tokens, blocks of 32, 64 or 128 on
+  each side (at most 64 wide past 32 tokens), x and w contiguous and 16-byte aligned, b contiguous
+  (``offered``). Anything else, or
   ``OPFORGE_BLOCK_SPARSE_CUDA=0``, is not offered and the Triton kernels take the call.
 * **Built** on first use (a stable-ABI extension of its own, like ``native_autograd.py``'s, so one
   binary serves every torch from 2.10); a failed build warns once and the route goes on without it.
@@ -29,8 +30,9 @@ from ...notices import warn_once
 from ...process import forgets
 from ..tuned_op import OpPlan, TunedOp
 
-MAX_TOKENS = 32
-"""The most tokens the compiled variants take (8-token tiles 1, 2, 4)."""
+MAX_TOKENS = 64
+"""The most tokens the compiled variants take (8-token tiles 1, 2, 4, 8; 8 only with blocks at most 64
+wide: the op's ``grid`` says which)."""
 SIDES = (32, 64, 128)
 """The block sides compiled (either side)."""
 CONFIGS = tuple({"stages": s, "ctas": 2, "overlap": o} for o in (1, 0) for s in (2, 3, 4))
@@ -111,13 +113,16 @@ def capable(device: int) -> bool:
 
 def offered(x: torch.Tensor, w: torch.Tensor, bias) -> bool:
     """The kernel can take this call (``OPFORGE_BLOCK_SPARSE_CUDA`` on; the checks are the op's own,
-    so an offered call never raises there)."""
+    and the op's ``grid`` says whether a variant is compiled for it, so an offered call never raises)."""
     _, bh, bw = w.shape
-    return (x.dtype in (torch.float16, torch.bfloat16) and w.dtype == x.dtype and 1 <= x.shape[0] <= MAX_TOKENS
+    if not (x.dtype in (torch.float16, torch.bfloat16) and w.dtype == x.dtype and 1 <= x.shape[0] <= MAX_TOKENS
             and bh in SIDES and bw in SIDES and x.is_cuda and x.is_contiguous() and w.is_contiguous()
             and x.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0
             and (bias is None or (bias.is_contiguous() and bias.dtype == x.dtype))
-            and settings.current().block_sparse_cuda and capable(x.device.index) and ops() is not None)
+            and settings.current().block_sparse_cuda and capable(x.device.index)):
+        return False
+    found = ops()
+    return found is not None and found.grid.default(x, bh, bw, CONFIGS[0]["stages"], CONFIGS[0]["ctas"]) > 0
 
 
 def plan(x, w, bias, y, cols, row_ptr, out_features: int, kind: str, key: tuple, counts) -> OpPlan:
