@@ -6,9 +6,8 @@ one ring of blocks a CTA filled by the copy engine (``cp.async.bulk``), so the b
 bounded by shared memory rather than registers, and walks its share of the blocks backwards so
 rows cut between CTAs are summed with one trip to memory (``csrc/decode_cuda_kernel.cuh``).
 
-* **Where:** sm_90 and newer, float16 and bfloat16, 1 to 64 tokens, blocks of 32, 64 or 128 on
-  each side (at most 64 wide past 32 tokens), x and w contiguous and 16-byte aligned, b contiguous
-  (``offered``). Anything else, or
+* **Where:** sm_90 and newer, float16 and bfloat16, 1 to 32 tokens, blocks of 32, 64 or 128 on
+  each side, x and w contiguous and 16-byte aligned, b contiguous (``offered``). Anything else, or
   ``OPFORGE_BLOCK_SPARSE_CUDA=0``, is not offered and the Triton kernels take the call.
 * **Built** on first use (a stable-ABI extension of its own, like ``native_autograd.py``'s, so one
   binary serves every torch from 2.10); a failed build warns once and the route goes on without it.
@@ -30,9 +29,10 @@ from ...notices import warn_once
 from ...process import forgets
 from ..tuned_op import OpPlan, TunedOp
 
-MAX_TOKENS = 64
-"""The most tokens the compiled variants take (8-token tiles 1, 2, 4, 8; 8 only with blocks at most 64
-wide: the op's ``grid`` says which)."""
+MAX_TOKENS = 32
+"""The most tokens the compiled variants take (8-token tiles 1, 2, 4). A tile of 64 tokens (8 x 8) ran
+at 1.6-1.8x the Triton kernels' time on the H100: each consumer warp loads the whole x tile a block,
+four times the weight's bytes (docs/benchmarks.md, issue 35, thirteenth session)."""
 SIDES = (32, 64, 128)
 """The block sides compiled (either side)."""
 CONFIGS = tuple({"stages": s, "ctas": 2, "overlap": o} for o in (1, 0) for s in (2, 3, 4))

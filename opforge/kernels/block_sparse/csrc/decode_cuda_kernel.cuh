@@ -186,8 +186,7 @@ __global__ void __launch_bounds__(32 * (MT + 1)) decode_kernel(const Args a, int
 #endif
 }
 
-// The variants of a dtype: nt (8-token tiles) 1, 2, 4 (and 8 with kq <= 2); kq = bw / 32 and mt = bh / 16
-// of 1, 2, 4 and 2, 4, 8.
+// The variants of a dtype: nt (8-token tiles) 1, 2, 4; kq = bw / 32 and mt = bh / 16 of 1, 2, 4 and 2, 4, 8.
 template <bool BF16, int NT, int KQ>
 Kernel pick_mt(int mt) {
   switch (mt) {
@@ -214,8 +213,6 @@ Kernel kernel_table(int nt, int kq, int mt) {
     case 1: return pick_kq<BF16, 1>(kq, mt);
     case 2: return pick_kq<BF16, 2>(kq, mt);
     case 4: return pick_kq<BF16, 4>(kq, mt);
-    case 8:  // 64 tokens: x takes 8 kq uint4 registers a lane, so only up to 64-wide blocks
-      return kq == 1 ? pick_mt<BF16, 8, 1>(mt) : (kq == 2 ? pick_mt<BF16, 8, 2>(mt) : nullptr);
     default: return nullptr;
   }
 }
