@@ -1,0 +1,86 @@
+"""When the block-sparse CUDA decode kernel (``cuda_decode.py``) is offered to the decode route, and
+what happens when it can't be had, without a GPU: nothing is built for CPU tensors or when it is
+switched off, and a failed build warns once and leaves the route to the Triton kernels. On a GPU,
+test_block_sparse_decode_cuda.py checks the kernel itself."""
+
+from __future__ import annotations
+
+import os
+import types
+import warnings
+
+import pytest
+import torch
+
+import opforge
+from opforge.kernels.block_sparse import cuda_decode
+from opforge.notices import KernelFallbackWarning
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """No op loaded or refused yet in this process."""
+    monkeypatch.setattr(cuda_decode, "_OPS", [])
+    return cuda_decode
+
+
+def refuse_builds(monkeypatch, error: Exception):
+    calls = []
+
+    def load(self):
+        calls.append(self)
+        raise error
+    monkeypatch.setattr(cuda_decode.BlockSparseDecodeCuda, "load", load)
+    return calls
+
+
+def test_switched_off_nothing_is_built(fresh, monkeypatch):
+    monkeypatch.setenv("OPFORGE_BLOCK_SPARSE_CUDA", "0")
+    calls = refuse_builds(monkeypatch, AssertionError("built although switched off"))
+    assert fresh.ops() is None and calls == []
+
+
+def test_a_failed_build_warns_once_and_is_tried_again_after_a_reset(fresh, monkeypatch, tmp_path):
+    monkeypatch.setenv("OPFORGE_BLOCK_SPARSE_CUDA", "1")
+    calls = refuse_builds(monkeypatch, RuntimeError(f"nvcc: not found ({tmp_path.name})"))
+    with pytest.warns(KernelFallbackWarning, match="CUDA decode kernel could not be built.*nvcc: not found"):
+        assert fresh.ops() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fresh.ops() is None  # remembered: no second build, no second warning
+    assert len(calls) == 1
+    opforge.reset()  # the environment may have changed: a failure is not kept
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert fresh.ops() is None
+    assert len(calls) == 2
+
+
+def test_cpu_tensors_are_never_offered_and_build_nothing(fresh, monkeypatch):
+    monkeypatch.setattr(fresh, "ops", lambda: pytest.fail("asked for the op for CPU tensors"))
+    x = torch.randn(4, 128, dtype=torch.bfloat16)
+    w = torch.randn(6, 64, 64, dtype=torch.bfloat16)
+    assert not fresh.offered(x, w, None)
+    assert not fresh.offered(x.float(), w.float(), None)
+
+
+def test_the_extension_needs_sm90_and_names_all_its_sources():
+    ext = cuda_decode.BlockSparseDecodeCuda
+    assert ext.min_capability == (9, 0) and ext.stable_abi == "2.10"
+    assert all(os.path.isfile(p) for p in ext.source_paths())
+    older = types.SimpleNamespace(cuda_capabilities=[(8, 0)], gpu_probe="nvml")
+    verdict = ext().is_available(older)
+    assert not verdict and "compute capability >= 9.0" in verdict.reason
+    assert ext().is_available(types.SimpleNamespace(cuda_capabilities=[(9, 0)], gpu_probe="nvml"))
+    # what the tuned configs depend on: every kernel file (a .cu, .cuh, .h or .cpp edited: tuned again)
+    sources = cuda_decode._sources()
+    names = {os.path.basename(p) for p in sources}
+    assert {"decode_cuda_kernel.cuh", "decode_cuda_device.cuh", "decode_cuda_launch.cu", "decode_cuda.cpp",
+            "decode_cuda.h", "decode_cuda_bf16.cu", "decode_cuda_f16.cu", "opforge_stable.h"} <= names
+    assert all(os.path.isfile(p) for p in sources)
+
+
+def test_the_configs_are_valid_for_the_op():
+    assert all(set(c) == {"stages", "ctas", "overlap"} for c in cuda_decode.CONFIGS)
+    assert all(c["overlap"] in (0, 1) and 1 <= c["stages"] <= 8 and c["ctas"] >= 1 for c in cuda_decode.CONFIGS)
+    assert len({tuple(c.values()) for c in cuda_decode.CONFIGS}) == len(cuda_decode.CONFIGS)
