@@ -10,7 +10,9 @@ rows cut between CTAs are summed with one trip to memory (``csrc/decode_cuda_ker
   each side, x and w contiguous and 16-byte aligned, b contiguous (``offered``). Anything else, or
   ``OPFORGE_BLOCK_SPARSE_CUDA=0``, is not offered and the Triton kernels take the call.
 * **Built** on first use (a stable-ABI extension of its own, like ``native_autograd.py``'s, so one
-  binary serves every torch from 2.10); a failed build warns once and the route goes on without it.
+  binary serves every torch from 2.10): the first decode call on an sm_90 GPU with an empty cache
+  waits for nvcc, about 11 s for each dtype's TU, the two built in parallel. A failed build warns
+  once, and the route goes on without it.
 * **Chosen** by ``DECODE_ROUTE`` against the Triton kernels, its config (ring depth, CTAs an SM)
   tuned first, both kept in opforge's cache (``tuned_op.TunedOp``).
 """
@@ -38,7 +40,7 @@ SIDES = (32, 64, 128)
 CONFIGS = tuple({"stages": s, "ctas": 2, "overlap": o} for o in (1, 0) for s in (2, 3, 4))
 """Blocks in flight a CTA, CTAs an SM, and whether it launches as a programmatic dependent of the
 kernel before it (1: its prologue and first weight requests overlap that kernel's end). On the H100
-two CTAs an SM won every row, one lost 1-5 µs, deeper rings and L2 prefetch past the ring lost too
+two CTAs an SM won every row, one lost 0.2-4.1 µs, deeper rings and L2 prefetch past the ring lost too
 (docs/benchmarks.md, issue 35, thirteenth session); the first (untimed) is the best there at d <= 0.25."""
 
 
