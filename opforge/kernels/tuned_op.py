@@ -33,6 +33,7 @@ class TunedOp(TunedKernel):
             raise ValueError(f"{name}: every config must set {names}, in that order")
         self.family, self.name, self.fn = family, name, None
         self._op, self._sources, self._digest = op, sources, None
+        self._resolved = None  # the op, once ``op()`` gave it (a loaded extension stays loaded)
         self._setup([Choice(i, dict(c), tuple(c.values()), 0, 0) for i, c in enumerate(configs)], None)
 
     def digest(self) -> str:
@@ -59,27 +60,30 @@ class TunedOp(TunedKernel):
 
     def launch(self, choice: Choice, grid, args: tuple, device: int) -> None:
         """Run ``choice`` on ``args`` (``grid``: unused, the op sizes its own) on ``device``."""
+        op = self._resolved
+        if op is None:
+            op = self._resolved = self._op()
         if device != torch.cuda.current_device():
             with torch.cuda.device(device):
-                self._op()(*args, *choice.values)
+                op(*args, *choice.values)
             return
-        self._op()(*args, *choice.values)
+        op(*args, *choice.values)
 
     def compiled(self, choice: Choice, args: tuple, device: int):
         return None
 
 
 class OpPlan:
-    """A call shape's launch of a ``TunedOp`` (``triton_launch.Plan``'s interface): ``plan(prefix,
-    device)`` runs the chosen config on this call's leading arguments. ``native`` says why a
-    ``NativeTable`` can't replay it (it is an op, not a Triton kernel)."""
+    """A call shape's launch of a ``TunedOp``, in the place of a ``triton_launch.Plan``: ``plan(prefix,
+    device)`` runs the chosen config on this call's leading arguments; ``kernel``, ``choice`` and
+    ``facts`` as a Plan's. ``native`` (never empty) says why a ``NativeTable`` doesn't replay it, so
+    the caller never asks for the compiled kernel, grid and tail a Plan has."""
 
-    __slots__ = ("kernel", "choice", "facts", "native", "compiled", "grid", "tail")
+    __slots__ = ("kernel", "choice", "facts", "native")
 
     def __init__(self, kernel: TunedOp, choice: Choice, facts):
         self.kernel, self.choice, self.facts = kernel, choice, facts
         self.native = "an extension's op, not a Triton kernel: launched from Python"
-        self.compiled, self.grid, self.tail = None, None, choice.values
 
     def __call__(self, prefix: tuple, device: int) -> None:
         self.kernel.launch(self.choice, None, prefix, device)

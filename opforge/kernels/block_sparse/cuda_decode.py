@@ -30,6 +30,7 @@ from ...extension import CudaExtension
 from ...notices import warn_once
 from ...process import forgets
 from ..tuned_op import OpPlan, TunedOp
+from .triton_sizing import bucket, depth, split_counts
 
 MAX_TOKENS = 32
 """The most tokens the compiled variants take (8-token tiles 1, 2, 4). A tile of 64 tokens (8 x 8) ran
@@ -127,20 +128,21 @@ def offered(x: torch.Tensor, w: torch.Tensor, bias) -> bool:
     return found is not None and found.grid.default(x, bh, bw, CONFIGS[0]["stages"], CONFIGS[0]["ctas"]) > 0
 
 
-def plan(x, w, bias, y, cols, row_ptr, out_features: int, kind: str, key: tuple, counts) -> OpPlan:
-    """The kernel's plan for this call shape: its config chosen (``KERNEL``; ``key`` is the size
-    class), ``facts`` = (``kind``, has a bias, the counts it needs). ``counts(n)``: the stream's
-    zeroed arrival counts of at least n."""
+def plan(x, w, bias, y, cols, row_ptr, out_features: int, kind: str) -> OpPlan:
+    """The kernel's plan for this call shape, its config chosen per size class (``KERNEL``; the
+    Triton decode kernels' classes: tokens, block shape, nnz, blocks a row, bias). ``facts`` =
+    (``kind``, has a bias, the arrival counts it needs), for ``triton_plans._fwd_prefix``."""
     nnz, bh, bw = w.shape
     units = out_features // bh * (bh // 16)
-    facts = (kind, bias is not None, units)
+    key = ("decode_cuda", x.dtype, bucket(x.shape[0]), bh, bw, bucket(nnz), depth(nnz, out_features // bh),
+           bias is not None)
     grid = ops().grid.default
 
-    def trial(choice):
-        return None, (x, w, bias, y, cols, row_ptr, counts(units), 0)
+    def trial(choice):  # the op's leading arguments, as _fwd_prefix makes them: chunk 0 (an equal share)
+        return None, (x, w, bias, y, cols, row_ptr, split_counts(x.device.index, units), 0)
 
     choice = KERNEL.choose(key, x.device.index, trial, lambda c: grid(x, bh, bw, c.kwargs["stages"], c.kwargs["ctas"]) > 0)
-    return OpPlan(KERNEL, choice, facts)
+    return OpPlan(KERNEL, choice, (kind, bias is not None, units))
 
 
 __all__ = ["CONFIGS", "KERNEL", "MAX_TOKENS", "SIDES", "BlockSparseDecodeCuda", "capable", "offered", "ops", "plan"]

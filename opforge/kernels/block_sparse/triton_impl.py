@@ -179,11 +179,7 @@ def _decode_route(x, w, b, y, cols, row_ptr, out_features, has_bias, sms, key):
              "pointer": _pointer_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, key)}
     bias = b if has_bias else None
     if cuda_decode.offered(x, w, bias):
-        nnz, bh, bw = w.shape
-        size = ("decode_cuda", x.dtype, bucket(x.shape[0]), bh, bw, bucket(nnz), depth(nnz, out_features // bh),
-                has_bias)
-        plans["cuda"] = cuda_decode.plan(x, w, bias, y, cols, row_ptr, out_features, _CUDA, size,
-                                         lambda n: split_counts(x.device.index, n))
+        plans["cuda"] = cuda_decode.plan(x, w, bias, y, cols, row_ptr, out_features, _CUDA)
     return _routed(DECODE_ROUTE, "route", plans, x, w, b, y, cols, row_ptr, out_features, has_bias, key)
 
 

@@ -6,6 +6,7 @@ test_block_sparse_decode_cuda.py checks the kernel itself."""
 from __future__ import annotations
 
 import os
+import re
 import types
 import warnings
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 import opforge
-from opforge.kernels.block_sparse import cuda_decode
+from opforge.kernels.block_sparse import cuda_decode, triton_plans
 from opforge.notices import KernelFallbackWarning
 
 
@@ -84,3 +85,40 @@ def test_the_configs_are_valid_for_the_op():
     assert all(set(c) == {"stages", "ctas", "overlap"} for c in cuda_decode.CONFIGS)
     assert all(c["overlap"] in (0, 1) and 1 <= c["stages"] <= 8 and c["ctas"] >= 1 for c in cuda_decode.CONFIGS)
     assert len({tuple(c.values()) for c in cuda_decode.CONFIGS}) == len(cuda_decode.CONFIGS)
+
+
+def op_schema() -> list[str]:
+    """The argument names of ``forward`` as ``csrc/decode_cuda.cpp`` registers it."""
+    src = open(os.path.join(os.path.dirname(cuda_decode.__file__), "csrc", "decode_cuda.cpp"), encoding="utf-8").read()
+    call = src[src.index('m.def("forward('):]
+    text = "".join(re.findall(r'"([^"]*)"', call[:call.index(");")]))  # the adjacent C++ literals, joined
+    return [arg.split()[-1] for arg in text[text.index("(") + 1:text.index(") ->")].split(",")]
+
+
+def test_the_plan_calls_the_op_as_the_cpp_side_registers_it(fresh, monkeypatch):
+    """Without a GPU: the plan's launch (the route's prefix, then the chosen config) lines up with the
+    op's schema, argument by argument, so a change on either side shows here first."""
+    names = op_schema()
+    assert names[-len(cuda_decode.CONFIGS[0]):] == list(cuda_decode.CONFIGS[0])  # the configs' values, in order
+    calls = []
+    fake = types.SimpleNamespace(forward=types.SimpleNamespace(default=lambda *a: calls.append(a)),
+                                 grid=types.SimpleNamespace(default=lambda x, bh, bw, stages, ctas: 264))
+    monkeypatch.setattr(cuda_decode, "_OPS", [fake])
+    monkeypatch.setattr(cuda_decode.KERNEL, "_resolved", None)
+    monkeypatch.setenv("OPFORGE_TRITON_TUNING", "off")  # the first config, untimed
+    counts = torch.zeros(4096, dtype=torch.int32)
+    monkeypatch.setattr(cuda_decode, "split_counts", lambda device, n: counts)
+    monkeypatch.setattr(triton_plans, "split_counts", lambda device, n: counts)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)  # CPU tensors: device index None
+    x, w = torch.randn(3, 256, dtype=torch.bfloat16), torch.randn(5, 64, 64, dtype=torch.bfloat16)
+    y, cols, row_ptr = torch.empty(3, 384, dtype=torch.bfloat16), torch.zeros(5, dtype=torch.long), torch.zeros(7, dtype=torch.long)
+    try:
+        plan = cuda_decode.plan(x, w, None, y, cols, row_ptr, 384, triton_plans._CUDA)
+        assert plan.facts == (triton_plans._CUDA, False, 6 * 4) and plan.native
+        plan(triton_plans._fwd_prefix(plan.facts, x, w, w, y, cols, row_ptr), None)  # w stands in for no bias
+    finally:
+        cuda_decode.KERNEL.forget()
+    got = dict(zip(names, calls[-1], strict=True))
+    assert got["x"] is x and got["w"] is w and got["b"] is None and got["y"] is y
+    assert got["cols"] is cols and got["row_ptr"] is row_ptr and got["counts"] is counts and got["chunk"] == 0
+    assert {k: got[k] for k in cuda_decode.CONFIGS[0]} == cuda_decode.CONFIGS[0]
