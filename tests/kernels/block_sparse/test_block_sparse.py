@@ -147,6 +147,30 @@ def test_bf16_and_fp16_on_the_cpu():
         torch.testing.assert_close(out.float(), ref, rtol=4 * eps, atol=4 * eps * ref.abs().max().item())
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_the_torch_path_rounds_once_where_the_blocks_cancel(device):
+    """The torch path (``reference.py``: block shapes the kernels don't take, 1x3 here) sums the
+    blocks' products in fp32 and rounds the result once, on a GPU as on the CPU. Exact in fp32:
+    3 * 1.0078125 - 3 * 1.0 = 0.0234375, a bf16 value; a product rounded to bf16 first (3.03125)
+    would give 0.03125, a third off (the GPU fuzz drew such a case, 2026-11-27)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from opforge.kernels.block_sparse import reference
+
+    layout = BlockSparseLayout(torch.ones(2, 1, dtype=torch.bool), (1, 3))  # 2 block-rows of 1x3, one column
+    idx = layout.indices(device)
+    w = torch.tensor([[[1.0078125] * 3], [[1.0] * 3]], dtype=torch.bfloat16, device=device)
+    dy = torch.tensor([[3.0, -3.0]], dtype=torch.bfloat16, device=device)
+    dx = reference.grad_input(dy, w, idx.rows, idx.cols, idx.col_ptr, idx.col_order, 3)
+    assert dx.dtype == torch.bfloat16 and dx.tolist() == [[0.0234375] * 3]
+    wide = BlockSparseLayout(torch.ones(1, 2, dtype=torch.bool), (1, 3))  # one block-row of two 1x3 blocks
+    ix = wide.indices(device)
+    x = torch.tensor([[1.0078125, 0.0, 0.0, 1.0, 0.0, 0.0]], dtype=torch.bfloat16, device=device)
+    wt = torch.tensor([[[3.0, 0.0, 0.0]], [[-3.0, 0.0, 0.0]]], dtype=torch.bfloat16, device=device)
+    y = reference.forward(x, wt, None, ix.rows, ix.cols, ix.row_ptr, 1)
+    assert y.dtype == torch.bfloat16 and y.tolist() == [[0.0234375]]
+
+
 # -- gradcheck and opcheck --
 
 @pytest.mark.parametrize("kind", ["0.5", "empty_rows_cols"])
