@@ -15,10 +15,14 @@ try:
         from triton.tools.tensor_descriptor import TensorDescriptor
     except ImportError:
         TensorDescriptor = None
+    try:  # programmatic dependent launch (triton >= 3.4): kernels call them only where launched so
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    except ImportError:
+        gdc_launch_dependents = gdc_wait = None
 except ImportError:
-    triton = tl = TensorDescriptor = None
+    triton = tl = TensorDescriptor = gdc_launch_dependents = gdc_wait = None
 
     def jit(fn):
         return fn
 
-__all__ = ["TensorDescriptor", "jit", "tl", "triton"]
+__all__ = ["TensorDescriptor", "gdc_launch_dependents", "gdc_wait", "jit", "tl", "triton"]

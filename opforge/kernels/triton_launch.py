@@ -105,13 +105,16 @@ class TunedKernel:
     args, device)`` runs it. ``args`` are the kernel's parameters in order, all but the trailing
     meta-parameters the configs set (which ``launch`` appends)."""
 
-    def __init__(self, family: str, fn, configs: list):
+    def __init__(self, family: str, fn, configs: list, dependent: str | None = None):
         self.family, self.fn = family, fn
         names = tuple(configs[0].kwargs)
         params = tuple(fn.arg_names)
         if params[-len(names):] != names or any(tuple(c.kwargs) != names for c in configs):
             raise ValueError(f"{fn}: the configs' meta-parameters {names} must be the kernel's last parameters, in "
                              f"order, and every config must set them all")
+        # dependent: the constexpr parameter that says a launch is a programmatic dependent (the kernel
+        # then waits for the one before it, griddepcontrol.wait): compiled with launch_pdl where it is true
+        self._dependent = None if dependent is None else params.index(dependent)
         # constexpr parameters are keyed by value (triton compiles each value apart); without the
         # list (another triton) every int is keyed by value, which is finer still
         self._setup([Choice(i, dict(c.kwargs), tuple(c.kwargs[n] for n in names), c.num_warps, c.num_stages)
@@ -227,7 +230,9 @@ class TunedKernel:
         return self._compiled.get((choice.index, device, self.spec(args)))
 
     def _jit_launch(self, choice: Choice, grid: tuple, args: tuple, device: int) -> None:
-        compiled = self.fn[grid](*args, **choice.kwargs, num_warps=choice.num_warps, num_stages=choice.num_stages)
+        options = {"launch_pdl": True} if self._dependent is not None and args[self._dependent] else {}
+        compiled = self.fn[grid](*args, **choice.kwargs, num_warps=choice.num_warps, num_stages=choice.num_stages,
+                                 **options)
         if compiled is not None and hasattr(compiled, "result"):  # an async compile's future
             compiled = compiled.result()
         if all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):

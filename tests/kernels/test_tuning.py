@@ -163,6 +163,26 @@ def test_the_launch_after_the_first_skips_the_jit(cache, monkeypatch):
     assert len(kernel.jit_launches) == 5 and kernel.direct_launches[-1] == ((3, 1, 1), (x, 7, 64, 32, 1))
 
 
+def test_a_dependent_launch_compiles_with_launch_pdl_where_its_constexpr_says_so(cache, monkeypatch):
+    """``TunedKernel(dependent=NAME)``: a launch whose NAME argument is true compiles with triton's
+    ``launch_pdl`` (the kernel then waits for the one before it, griddepcontrol.wait); false, or a
+    kernel without ``dependent``, compiles without it. Each is its own compiled kernel (a constexpr)."""
+    monkeypatch.setattr(triton_launch, "direct", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(triton_launch, "_STREAM", [lambda device: 7])
+    kernel = FakeKernel()
+    t = TunedKernel("fam", kernel, CONFIGS, dependent="BH")
+    x = torch.zeros(4)
+    for bh in (True, False, True):
+        t.launch(t.choices[0], (2,), (x, 5, bh), 0)
+    assert [kw.get("launch_pdl") for _, _, kw in kernel.jit_launches] == [True, None]
+    plain = FakeKernel()
+    TunedKernel("fam", plain, CONFIGS).launch(t.choices[0], (2,), (x, 5, True), 0)
+    assert "launch_pdl" not in plain.jit_launches[0][2]
+    with pytest.raises(ValueError):
+        TunedKernel("fam", FakeKernel(), CONFIGS, dependent="NOT_A_PARAMETER")
+
+
 def test_spec_is_as_fine_as_tritons():
     x = torch.zeros(8)
     assert spec((x, 5)) != spec((x, 1)) != spec((x, 16))

@@ -7,9 +7,10 @@ to make the same launch from the C++ ops: which input, output or held tensor eac
 parameter is, each integer's width and value, each TMA operand's encoding. The parameter list
 is the one triton's own launcher passes (``make_launcher`` in triton's NVIDIA driver, 3.5-3.6):
 constexprs dropped, a TMA operand expanded to its descriptor, its int32 sizes and int64 strides,
-then the global and profile scratch pointers, null since the kernel needs none. A kernel or
-launch this doesn't cover (scratch memory, clusters, float arguments, another triton) gets the
-reason instead, and stays on the Python path.
+then the global and profile scratch pointers, null since the kernel needs none. A kernel compiled
+with ``launch_pdl`` is launched as triton's launcher does it, as a programmatic dependent. A kernel
+or launch this doesn't cover (scratch memory, clusters, cooperative grids, float arguments, another
+triton) gets the reason instead, and stays on the Python path.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def recipe_of(compiled, grid: tuple, args: tuple, inputs: tuple, outputs: list, 
     except (AttributeError, TypeError) as exc:
         return f"not a compiled triton kernel of the known layout ({exc})"
     for attr, want in (("num_ctas", 1), ("global_scratch_size", 0), ("profile_scratch_size", 0),
-                       ("launch_cooperative_grid", False), ("launch_pdl", False)):
+                       ("launch_cooperative_grid", False)):
         got = getattr(meta if attr == "num_ctas" else launcher, attr, None)
         if got != want:
             return f"{attr} is {got!r}, the native launch handles {want!r} only"
@@ -97,4 +98,5 @@ def recipe_of(compiled, grid: tuple, args: tuple, inputs: tuple, outputs: list, 
     for o, returned in outputs:
         outs += [reference.dtype_code(o.dtype), int(bool(returned)), o.dim(), *o.shape]
     g = (*grid, 1, 1)[:3]
-    return Recipe([function, *g, int(meta.num_warps), int(meta.shared)], outs, program, held)
+    dependent = int(bool(getattr(launcher, "launch_pdl", False)))  # a programmatic dependent (launch_pdl)
+    return Recipe([function, *g, int(meta.num_warps), int(meta.shared), dependent], outs, program, held)

@@ -53,9 +53,11 @@ def key_of(table: int, inputs, s0: int, s1: int) -> tuple:
 
 class _Recipe:
     def __init__(self, launch, outputs, program, held):
-        if len(launch) != 6:
-            raise RuntimeError("native_launch.define: launch must be [function, gx, gy, gz, warps, shared]")
-        self.launch, self.held = list(launch), list(held)
+        if len(launch) not in (6, 7):
+            raise RuntimeError("native_launch.define: launch must be [function, gx, gy, gz, warps, shared(, dependent)]")
+        self.launch, self.held = [*launch, 0][:7], list(held)
+        if self.launch[6] not in (0, 1):
+            raise RuntimeError("native_launch.define: dependent must be 0 or 1")
         self.outputs = []
         i = 0
         while i < len(outputs):

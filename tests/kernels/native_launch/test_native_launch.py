@@ -67,7 +67,7 @@ def test_pack_matches_the_contract_for_every_kind_of_slot(ops):
     args = (11, x, w, None, None, None, 8, 1, [123, 2, 3, 1, 4, 1024], outputs, program, [counts])
     got, want = _both(ops, args)
     assert len(got) == len(want) == 4
-    assert got[1].tolist() == want[1].tolist() == [123, 2, 3, 1, 4, 1024]
+    assert got[1].tolist() == want[1].tolist() == [123, 2, 3, 1, 4, 1024, 0]  # no 7th entry: not a dependent
     assert [(o.shape, o.dtype) for o in got[2:]] == [((4, 8), torch.float32), ((7,), torch.int32)]
     assert _masked(got[0], got[2:]) == _masked(want[0], want[2:])
     raw = bytes(got[0].tolist())
@@ -193,7 +193,7 @@ def test_a_recipe_maps_each_parameter_to_its_source():
     args = (Described(x, (64, 32)), w, y, part, counts, 4, 2**40, 1, True, 64)
     r = recipe_of(_compiled(sig, descs), (5, 2), args, (x, w, None, None, None), [(y, True), (part, False)],
                   to_host={10: 9})
-    assert r.launch == [0xABC, 5, 2, 1, 8, 4096]
+    assert r.launch == [0xABC, 5, 2, 1, 8, 4096, 0]
     assert r.outputs == [6, 1, 2, 4, 4, 6, 0, 1, 3]
     assert r.held == [counts]
     assert r.program == [reference.TMA, 0, 0, 3, 2, 9, 2, 64, 16,  # the compiled box, not the operand's
@@ -204,12 +204,25 @@ def test_a_recipe_maps_each_parameter_to_its_source():
 
 @pytest.mark.parametrize("change, reason", [
     ({"global_scratch_size": 64}, "global_scratch_size"),
-    ({"launch_pdl": True}, "launch_pdl"),
     ({"launch_cooperative_grid": True}, "launch_cooperative_grid"),
 ])
 def test_a_launch_the_recipe_cannot_make_stays_in_python(change, reason):
     r = recipe_of(_compiled({"x": "*fp32"}, **change), (1,), (torch.zeros(1),), (None,) * 5, [])
     assert isinstance(r, str) and reason in r
+
+
+def test_a_kernel_compiled_as_a_programmatic_dependent_launches_as_one(ops):
+    """triton's ``launch_pdl``: the recipe says so (its 7th launch entry), the C++ side keeps it (its
+    launch is then cuLaunchKernelEx with programmatic stream serialization, on the GPU), and a
+    launch entry other than 0 or 1 is refused by both sides."""
+    x = torch.zeros(4)
+    r = recipe_of(_compiled({"x": "*fp32"}, launch_pdl=True), (3,), (x,), (x, None, None, None, None), [])
+    assert r.launch == [0xABC, 3, 1, 1, 8, 4096, 1]
+    got, want = _both(ops, (21, x, None, None, None, None, 0, 0, r.launch, r.outputs, r.program, r.held))
+    assert got[1].tolist() == want[1].tolist() == r.launch
+    for define in (ops.define, reference.define):
+        with pytest.raises(RuntimeError, match="dependent must be 0 or 1"):
+            define(22, x, None, None, None, None, 0, 0, [*r.launch[:6], 2], [], [], [])
 
 
 def test_a_recipe_names_what_it_cannot_encode():

@@ -17,11 +17,15 @@
 //          int s1, int[] launch, int[] outputs, int[] program, Tensor[] held) -> ()
 //   call(<table, t0..t4, s0, s1>) -> Tensor[]    the returned outputs; [] on a miss
 //   pack(<the same>) -> Tensor[]   a dry run: [params (uint8, each at its alignment), launch
-//                                   (int64: function, grid xyz, warps, shared), *outputs];
+//                                   (int64: function, grid xyz, warps, shared, dependent), *outputs];
 //                                   a TMA slot holds its encoding's inputs, not a descriptor
 //   forget() -> ()                 drop every recipe
 //   stats() -> int[]               [recipes, hits, misses]
-// launch: [function, grid x, y, z, num_warps, shared bytes]. outputs: per output [dtype
+// launch: [function, grid x, y, z, num_warps, shared bytes(, dependent)]; dependent 1: launched as a
+// programmatic dependent of the kernel before it on the stream (cuLaunchKernelEx with programmatic
+// stream serialization: triton's launch_pdl; the kernel waits with griddepcontrol.wait), where the
+// driver has cuLaunchKernelEx (CUDA 12), else as a plain launch, which such a kernel also runs
+// correctly. outputs: per output [dtype
 // (c10::ScalarType's value), returned (0/1), ndim, sizes...], on t0's device. program, per
 // kernel parameter: [0, src] a tensor's data pointer (src: 0-15 input, 16-31 output, 32+
 // held); [1, width, value] an integer of 1, 2, 4 or 8 bytes; [3, src, rows, swizzle,
@@ -69,9 +73,28 @@ using LaunchFn = CuResult (*)(void* f, unsigned gx, unsigned gy, unsigned gz, un
                               unsigned bz, unsigned shared, void* stream, void** params, void** extra);
 using ErrorFn = CuResult (*)(CuResult, const char**);
 using StreamFn = int32_t (*)(int32_t device, void** stream);  // aoti_torch_get_current_cuda_stream
+// cuLaunchKernelEx's config and one attribute (CUlaunchConfig, CUlaunchAttribute: CUDA 12.0+)
+struct LaunchAttr {
+  int32_t id;  // CUlaunchAttributeID
+  char pad[4];
+  union {
+    char raw[64];
+    int32_t i;
+  } value;
+};
+struct LaunchConfig {
+  unsigned gx, gy, gz, bx, by, bz, shared;
+  void* stream;
+  LaunchAttr* attrs;
+  unsigned n_attrs;
+};
+static_assert(sizeof(LaunchAttr) == 72, "CUlaunchAttribute is 72 bytes");
+constexpr int32_t kProgrammaticStreamSerialization = 6;  // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+using LaunchExFn = CuResult (*)(const LaunchConfig* config, void* f, void** params, void** extra);
 
 struct Driver {
   LaunchFn launch = nullptr;
+  LaunchExFn launch_ex = nullptr;
   EncodeFn encode = nullptr;
   ErrorFn error = nullptr;
   StreamFn stream = nullptr;
@@ -87,6 +110,7 @@ const Driver& driver() {
     Driver r;
     if (void* cuda = open_loaded("libcuda.so.1")) {
       r.launch = reinterpret_cast<LaunchFn>(dlsym(cuda, "cuLaunchKernel"));
+      r.launch_ex = reinterpret_cast<LaunchExFn>(dlsym(cuda, "cuLaunchKernelEx"));
       r.encode = reinterpret_cast<EncodeFn>(dlsym(cuda, "cuTensorMapEncodeTiled"));
       r.error = reinterpret_cast<ErrorFn>(dlsym(cuda, "cuGetErrorString"));
     }
@@ -165,7 +189,7 @@ std::vector<Tensor> run(int64_t table, OptT t0, OptT t1, OptT t2, OptT t3, OptT 
   alignas(128) unsigned char buf[kParamBytes];
   void* params[kMaxParams];
   std::vector<Tensor> outs;
-  int64_t launch[6];
+  int64_t launch[7];
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     auto it = g_recipes.find(key);
@@ -190,7 +214,7 @@ std::vector<Tensor> run(int64_t table, OptT t0, OptT t1, OptT t2, OptT t3, OptT 
     if (err != 0) check(err, "cuTensorMapEncodeTiled");
     if (dry) {
       Tensor bytes = torch::stable::new_empty(*t0, {static_cast<int64_t>(r.bytes)}, torch::headeronly::ScalarType::Byte);
-      Tensor info = torch::stable::new_empty(*t0, {6}, torch::headeronly::ScalarType::Long);
+      Tensor info = torch::stable::new_empty(*t0, {7}, torch::headeronly::ScalarType::Long);
       std::memcpy(bytes.mutable_data_ptr(), buf, r.bytes);
       std::memcpy(info.mutable_data_ptr(), launch, sizeof(launch));
       std::vector<Tensor> res{bytes, info};
@@ -203,7 +227,15 @@ std::vector<Tensor> run(int64_t table, OptT t0, OptT t1, OptT t2, OptT t3, OptT 
     outs.swap(returned);
   }
   const Driver& d = driver();
-  if (launch[1] * launch[2] * launch[3] > 0)
+  if (launch[1] * launch[2] * launch[3] > 0 && launch[6] && d.launch_ex) {
+    LaunchAttr dependent{};
+    dependent.id = kProgrammaticStreamSerialization;
+    dependent.value.i = 1;
+    LaunchConfig c{static_cast<unsigned>(launch[1]), static_cast<unsigned>(launch[2]),
+                   static_cast<unsigned>(launch[3]), static_cast<unsigned>(32 * launch[4]), 1, 1,
+                   static_cast<unsigned>(launch[5]), stream, &dependent, 1};
+    check(d.launch_ex(&c, reinterpret_cast<void*>(launch[0]), params, nullptr), "cuLaunchKernelEx");
+  } else if (launch[1] * launch[2] * launch[3] > 0)
     check(d.launch(reinterpret_cast<void*>(launch[0]), static_cast<unsigned>(launch[1]),
                    static_cast<unsigned>(launch[2]), static_cast<unsigned>(launch[3]),
                    static_cast<unsigned>(32 * launch[4]), 1, 1, static_cast<unsigned>(launch[5]), stream, params,

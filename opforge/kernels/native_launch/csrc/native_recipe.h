@@ -42,7 +42,7 @@ struct Output {
 };
 
 struct Recipe {
-  int64_t launch[6];
+  int64_t launch[7];  // function, grid x, y, z, warps, shared bytes, dependent (0/1)
   std::vector<Output> outputs;
   std::vector<Param> params;  // one per kernel parameter slot (a TMA slot's sizes and strides follow it)
   std::vector<Tensor> held;
@@ -54,9 +54,12 @@ inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 inline Recipe make_recipe(const std::vector<int64_t>& launch, const std::vector<int64_t>& outputs,
                    const std::vector<int64_t>& program, const std::vector<Tensor>& held) {
-  STD_TORCH_CHECK(launch.size() == 6, "native_launch.define: launch must be [function, gx, gy, gz, warps, shared]");
+  STD_TORCH_CHECK(launch.size() == 6 || launch.size() == 7,
+                  "native_launch.define: launch must be [function, gx, gy, gz, warps, shared(, dependent)]");
   Recipe r;
-  std::memcpy(r.launch, launch.data(), sizeof(r.launch));
+  r.launch[6] = 0;
+  std::memcpy(r.launch, launch.data(), launch.size() * sizeof(int64_t));
+  STD_TORCH_CHECK(r.launch[6] == 0 || r.launch[6] == 1, "native_launch.define: dependent must be 0 or 1");
   for (size_t i = 0; i < outputs.size();) {
     STD_TORCH_CHECK(i + 3 <= outputs.size(), "native_launch.define: a truncated output");
     Output o{static_cast<torch::headeronly::ScalarType>(outputs[i]), outputs[i + 1] != 0, {}};
