@@ -112,6 +112,10 @@ class Settings:
     block_sparse_cuda: bool = True
     """``OPFORGE_BLOCK_SPARSE_CUDA``: ``0`` keeps the CUDA decode kernel (``kernels/block_sparse/cuda_decode.py``)
     out of the block-sparse decode route: no build of it, the Triton kernels take every call."""
+    block_sparse_overlap: bool = True
+    """``OPFORGE_BLOCK_SPARSE_OVERLAP``: ``0`` launches the block-sparse decode kernels (Triton's and the CUDA
+    one) as plain kernels instead of programmatic dependents (on sm_90 and newer, each starts while the
+    kernel before it on the stream finishes: ``kernels/block_sparse/triton_decode.py``)."""
     patch_torch: bool = False
     """``OPFORGE_PATCH_TORCH``: ``1`` routes ``torch.utils.cpp_extension.load`` / ``load_inline`` through
     opforge for every library that calls them, from the first import of ``torch.utils.cpp_extension`` on,
@@ -304,6 +308,8 @@ def current(env: Mapping[str, str] | None = None) -> Settings:
         triton_direct=(env.get("OPFORGE_TRITON_DIRECT") or "1").strip().lower() not in ("0", "false", "no", "off"),
         native_launch=(env.get("OPFORGE_NATIVE_LAUNCH") or "1").strip().lower() not in ("0", "false", "no", "off"),
         block_sparse_cuda=(env.get("OPFORGE_BLOCK_SPARSE_CUDA") or "1").strip().lower() not in ("0", "false", "no", "off"),
+        block_sparse_overlap=(env.get("OPFORGE_BLOCK_SPARSE_OVERLAP") or "1").strip().lower()
+        not in ("0", "false", "no", "off"),
         patch_torch=_patch_torch(env.get("OPFORGE_PATCH_TORCH")),
     )
 

@@ -32,6 +32,11 @@ def main() -> None:
                     help="how configs and candidates are timed: triton's do_bench (an L2 flush that writes 256 MB "
                          "before each run: opforge's), or read (a flush that reads 256 MB, the median of the runs)")
     ap.add_argument("--picks", type=int, default=1, help="the route as in use this many times, tuned anew each")
+    ap.add_argument("--names", help="only these of the route's candidates alone (default: all)")
+    ap.add_argument("--starts", default="",
+                    help="each candidate alone under each of these decode starts too, EARLY:OVERLAP pairs (e.g. "
+                         "0:0,128:0,0:1,128:1: the early L2 lines, launched as a programmatic dependent or not); "
+                         "a column NAME@EARLY:OVERLAP each. The route as in use runs with the package's own")
     ap.set_defaults(tokens="1,16,64")
     args = ap.parse_args()
     from opforge import settings
@@ -64,15 +69,26 @@ def main() -> None:
         triton_launch.TunedKernel._time = read_timer
         tuned_op.TunedOp._time = read_timer
 
+    from opforge.kernels.block_sparse import triton_sizing
+
     dev, dt, n = torch.device("cuda"), torch.bfloat16, args.layers
     route = triton_impl.DECODE_ROUTE
     names = route.names
+    alone = tuple(args.names.split(",")) if args.names else names
+    own = (triton_sizing.DECODE_EARLY_LINES, triton_sizing.overlap)
+    starts = [None] + [tuple(map(int, m.split(":"))) for m in args.starts.split(",") if m]
+
+    def start(mode):  # the package's own start (None), or (early lines, overlap) for the Triton kernels
+        triton_sizing.DECODE_EARLY_LINES, triton_sizing.overlap = own if mode is None else (
+            mode[0], lambda i, o=bool(mode[1]): o and own[1](i))
     out = {"device": torch.cuda.get_device_name(), "rows": []}
     for row in issue_rows(args, dev, dt, seed=1):
         x, mods, dense = row.pop("x"), row.pop("mods"), row["dense_us"]
         row.pop("weights")
         with torch.no_grad():
-            for name in (*names, *[None] * args.picks):  # each alone, then the route as in use (picks times)
+            runs = [(nm, m) for m in starts for nm in alone] + [(None, None)] * args.picks
+            for name, mode in runs:  # each alone (under each start), then the route as in use (picks times)
+                start(mode)
                 route.names = names if name is None else (name,)
                 route.forget()
                 triton_impl.forget_plans()
@@ -87,7 +103,7 @@ def main() -> None:
                     row.setdefault("routed_all", []).append(got)
                     row["routed"] = sorted(row["routed_all"])[len(row["routed_all"]) // 2]
                 else:
-                    row[name] = got
+                    row[name if mode is None else f"{name}@{mode[0]}:{mode[1]}"] = got
             row["picked"] = sorted({str(p.facts[0] if isinstance(p.facts, tuple) else p.facts)
                                     for p in triton_impl._FWD.values() if not isinstance(p, str)})
             row["configs"] = {name: [f"{c.kwargs} w{c.num_warps} s{c.num_stages}" for c in k._chosen.values()]
@@ -95,9 +111,10 @@ def main() -> None:
                                               ("uncut", triton_impl.KERNELS["decode_uncut"]),
                                               ("cuda", triton_impl.KERNELS["decode_cuda"]))}
         out["rows"].append(row)
-        best = min(names, key=row.get)
+        cols = [k for k in row if k.split("@")[0] in alone]
+        best = min(cols, key=row.get)
         print(f"{row['in']}->{row['out']} T={row['tokens']} d={row['density']}: dense {dense:.1f} floor "
-              f"{row['same_bytes_us']:.1f}; " + " ".join(f"{k} {row[k]:.1f}" for k in names)
+              f"{row['same_bytes_us']:.1f}; " + " ".join(f"{k} {row[k]:.1f}" for k in cols)
               + f"; routed {row['routed']:.1f} {[round(v, 1) for v in row['routed_all']]} ({dense / row['routed']:.2f}x, "
               f"picked {row['picked']}, "
               f"best {best} {dense / row[best]:.2f}x); tuned {row['configs']}", flush=True)

@@ -54,8 +54,8 @@ def units_forward(x, w, cols, row_ptr, out_features, sub, waves, sms, num_warps=
     prec = "ieee" if x.dtype == torch.float32 else "tf32"
     _decode_uncut_kernel[(programs,)](x, w, w, y, cols, row_ptr, tokens, k_in, out_features, total, chunk,
                                       BH=bh, BW=bw, SUB=sub, HAS_BIAS=False, PRECISION=prec, BLOCK_K=min(bw, 64),
-                                      SEARCH=min(1024, max(16, _pow2(out_features // bh))), BLOCK_M=max(16, _pow2(tokens)),
-                                      WAVES=waves, num_warps=num_warps, num_stages=num_stages)
+                                      SEARCH=min(1024, max(16, _pow2(out_features // bh))), OVERLAP=False,
+                                      BLOCK_M=max(16, _pow2(tokens)), WAVES=waves, num_warps=num_warps, num_stages=num_stages)
     return y
 
 

@@ -42,7 +42,8 @@ CONFIGS = tuple({"stages": s, "ctas": 2, "overlap": o} for o in (1, 0) for s in 
 """Blocks in flight a CTA, CTAs an SM, and whether it launches as a programmatic dependent of the
 kernel before it (1: its prologue and first weight requests overlap that kernel's end). On the H100
 two CTAs an SM won every row, one lost 0.2-4.1 µs, deeper rings and L2 prefetch past the ring lost too
-(docs/benchmarks.md, issue 35, thirteenth session); the first (untimed) is the best there at d <= 0.25."""
+(docs/benchmarks.md, issue 35, thirteenth session); the first (untimed) is the best there at d <= 0.25.
+``OPFORGE_BLOCK_SPARSE_OVERLAP=0`` keeps the three without the overlap (and keys their choice apart)."""
 
 
 class BlockSparseDecodeCuda(CudaExtension):
@@ -134,14 +135,16 @@ def plan(x, w, bias, y, cols, row_ptr, out_features: int, kind: str) -> OpPlan:
     (``kind``, has a bias, the arrival counts it needs), for ``triton_plans._fwd_prefix``."""
     nnz, bh, bw = w.shape
     units = out_features // bh * (bh // 16)
+    overlap = settings.current().block_sparse_overlap  # off: the configs launched as plain kernels only
     key = ("decode_cuda", x.dtype, bucket(x.shape[0]), bh, bw, bucket(nnz), depth(nnz, out_features // bh),
-           bias is not None)
+           bias is not None, overlap)
     grid = ops().grid.default
 
     def trial(choice):  # the op's leading arguments, as _fwd_prefix makes them: chunk 0 (an equal share)
         return None, (x, w, bias, y, cols, row_ptr, split_counts(x.device.index, units), 0)
 
-    choice = KERNEL.choose(key, x.device.index, trial, lambda c: grid(x, bh, bw, c.kwargs["stages"], c.kwargs["ctas"]) > 0)
+    choice = KERNEL.choose(key, x.device.index, trial, lambda c: grid(x, bh, bw, c.kwargs["stages"], c.kwargs["ctas"]) > 0
+                           and (overlap or not c.kwargs["overlap"]))
     return OpPlan(KERNEL, choice, (kind, bias is not None, units))
 
 

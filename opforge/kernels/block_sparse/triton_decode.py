@@ -2,17 +2,22 @@
 ``_decode_kernel``, equal runs of the kept blocks per program whatever rows they fall in, and the
 way it finishes the rows its runs cut; ``_decode_uncut_kernel``, which cuts no row across programs
 (it deals out slices of rows along the outputs instead). ``triton_impl.py`` plans them, and routes
-each size class to the faster of them and the pointer kernel of ``triton_kernels.py``."""
+each size class to the faster of them and the pointer kernel of ``triton_kernels.py``.
+
+On sm_90 and newer both are launched as programmatic dependents of the kernel before them on the
+stream (``OVERLAP``; ``triton_sizing.decode_start``): they start while it ends, and wait for it
+before they read or write anything but L2 prefetches (``_decode_start``)."""
 
 from __future__ import annotations
 
-from ..triton_compat import jit, tl
+from ..triton_compat import gdc_launch_dependents, gdc_wait, jit, tl
 
 
 @jit
 def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, row_ptr_ptr, T, K_IN, N_OUT, NNZ, CHUNK,
                    BH: tl.constexpr, BW: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
-                   BLOCK_K: tl.constexpr, SEARCH: tl.constexpr, BLOCK_M: tl.constexpr, WAVES):
+                   BLOCK_K: tl.constexpr, SEARCH: tl.constexpr, EARLY: tl.constexpr, OVERLAP: tl.constexpr,
+                   BLOCK_M: tl.constexpr, WAVES):
     """The forward at decode sizes (all T tokens in one tile of BLOCK_M rows): program ``p`` takes
     the kept blocks ``p * CHUNK`` to ``(p + 1) * CHUNK`` of the row-major list, whichever block-rows
     they belong to, so every program streams the same bytes of ``w`` however the rows' lengths vary
@@ -31,11 +36,15 @@ def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, ro
       and the bias, stores the row and sets the count back to zero.
     No round trip in the middle of a run, and the one wait is at the end, when the programs that
     started with it are done. A program waits only on programs numbered below it, which start no
-    later than it does (blocks are dispatched in order, as serial split-K relies on)."""
+    later than it does (blocks are dispatched in order, as serial split-K relies on).
+
+    ``EARLY``, ``OVERLAP``: how the program starts (``_decode_start``), and whether it lets the next
+    launch start once its blocks are read."""
     p = tl.program_id(0)
     lo = p * CHUNK
     hi = tl.minimum(lo + CHUNK, NNZ)
     n_rows = N_OUT // BH
+    _decode_start(w_ptr, lo, hi, BH * BW, EARLY, OVERLAP)
     # the rows owned: from the first whose blocks reach past lo (an empty row starting at lo
     # included) to the last that starts before hi; found by counting over row_ptr
     first = 0
@@ -73,6 +82,8 @@ def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, ro
                           tl.load(row_ptr_ptr + r), tl.load(row_ptr_ptr + r + 1), T, K_IN, BH, BW, PRECISION,
                           BLOCK_K, BLOCK_M)
         _decode_store(y_ptr, b_ptr, acc, r, T, N_OUT, BH, HAS_BIAS, BLOCK_M)
+    if OVERLAP:
+        gdc_launch_dependents()  # this program's blocks are read: the next launch may start its own
     if owned:
         q0 = f_lo // CHUNK
         seen = tl.atomic_add(count_ptr + first, 0, sem="acquire")
@@ -84,6 +95,31 @@ def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, ro
                            cache_modifier=".cg")  # slots * T * BH fits int32 (a few MB of partials)
         _decode_store(y_ptr, b_ptr, acc + mine, first, T, N_OUT, BH, HAS_BIAS, BLOCK_M)
         tl.atomic_xchg(count_ptr + first, 0)
+
+
+@jit
+def _decode_start(w_ptr, lo, hi, BLOCK: tl.constexpr, EARLY: tl.constexpr, OVERLAP: tl.constexpr):
+    """A decode program's first steps, before it reads the layout.
+
+    ``EARLY`` > 0: the first ``EARLY`` 128-byte lines of the program's own blocks (from block ``lo``,
+    short of block ``hi``) are asked into L2 at once (``prefetch.global.L2``, a line a thread), so
+    the weight stream starts while the layout is searched instead of after it. A prefetch reads no
+    data into the program: an in-place write by the kernel before this one still lands in L2 first
+    (L2 is where the GPU's writes meet), so it is safe before the wait below too.
+
+    ``OVERLAP``: the program was launched as a programmatic dependent (``launch_pdl``): the kernel
+    before it on the stream may still be running, so the program waits for it to finish
+    (``griddepcontrol.wait``, which also makes its writes visible) before it reads anything else
+    or writes at all."""
+    if EARLY > 0:
+        if hi > lo:
+            per_line: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth  # elements a line
+            lines = tl.minimum(tl.arange(0, EARLY), (hi - lo) * (BLOCK // per_line) - 1)
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l",
+                                      [w_ptr + lo.to(tl.int64) * BLOCK + lines * per_line], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+    if OVERLAP:
+        gdc_wait()
 
 
 @jit
@@ -121,7 +157,7 @@ def _decode_store(y_ptr, b_ptr, acc, r, T, N_OUT, BH: tl.constexpr, HAS_BIAS: tl
 def _decode_uncut_kernel(x_ptr, w_ptr, b_ptr, y_ptr, cols_ptr, row_ptr_ptr, T, K_IN, N_OUT, TOTAL, CHUNK,
                          BH: tl.constexpr, BW: tl.constexpr, SUB: tl.constexpr, HAS_BIAS: tl.constexpr,
                          PRECISION: tl.constexpr, BLOCK_K: tl.constexpr, SEARCH: tl.constexpr,
-                         BLOCK_M: tl.constexpr, WAVES):
+                         OVERLAP: tl.constexpr, BLOCK_M: tl.constexpr, WAVES):
     """The forward at decode sizes with no row cut across programs, so no partial sums, no counts
     and no waiting. A block-row of ``BH`` outputs is ``BH // SUB`` *units* of ``SUB`` outputs; a
     unit reads its ``SUB`` rows of each of the row's blocks (contiguous: a block is stored
@@ -135,13 +171,20 @@ def _decode_uncut_kernel(x_ptr, w_ptr, b_ptr, y_ptr, cols_ptr, row_ptr_ptr, T, K
 
     Against ``_decode_kernel`` (``docs/benchmarks.md``, issue 35): faster where rows are many and
     short (4096->14336: no program waits on another), slower where they are few and long
-    (14336->4096: a unit is a large share of a program's), hence the route."""
+    (14336->4096: a unit is a large share of a program's), hence the route.
+
+    ``OVERLAP``: as ``_decode_kernel``'s. It asks no blocks into L2 early: its first blocks are known
+    only once the layout is searched (a unit's slices are strided), and asking for the blocks its
+    share starts near, as ``_decode_kernel`` does for its own, was no faster in half the rows of the
+    H100 (``docs/benchmarks.md``, issue 35, fourteenth session)."""
     S: tl.constexpr = BH // SUB
     KSTEPS: tl.constexpr = BW // BLOCK_K
     p = tl.program_id(0)
     lo = p * CHUNK
     hi = tl.where(p == tl.num_programs(0) - 1, TOTAL + 1, lo + CHUNK)
     n_rows = N_OUT // BH
+    if OVERLAP:
+        gdc_wait()  # launched as a programmatic dependent: the kernel before it may still run
     # the units owned: those that start below hi less those that start below lo (the starts rise
     # in unit order); a row's units that start below a bound: ceil((bound - start) / n_r), or all
     # of an empty row's when it starts below the bound
@@ -184,3 +227,5 @@ def _decode_uncut_kernel(x_ptr, w_ptr, b_ptr, y_ptr, cols_ptr, row_ptr_ptr, T, K
             acc += tl.load(b_ptr + h).to(tl.float32)[None, :]
         out = y_ptr + offs_m.to(tl.int64)[:, None] * N_OUT + h[None, :]
         tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None])
+    if OVERLAP:
+        gdc_launch_dependents()

@@ -74,6 +74,7 @@ from .triton_sizing import (
     decode_fits,
     decode_search,
     decode_split,
+    decode_start,
     decode_uncut_fits,
     decode_uncut_sub,
     depth,
@@ -180,7 +181,8 @@ def _decode_route(x, w, b, y, cols, row_ptr, out_features, has_bias, sms, key):
     bias = b if has_bias else None
     if cuda_decode.offered(x, w, bias):
         plans["cuda"] = cuda_decode.plan(x, w, bias, y, cols, row_ptr, out_features, _CUDA)
-    return _routed(DECODE_ROUTE, "route", plans, x, w, b, y, cols, row_ptr, out_features, has_bias, key)
+    return _routed(DECODE_ROUTE, "route", plans, x, w, b, y, cols, row_ptr, out_features, has_bias,
+                   (*key, decode_start(x.device)[1]))
 
 
 def _decode_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms):
@@ -196,11 +198,14 @@ def _decode_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms):
         chunk, programs = decode_chunk(nnz, c.kwargs["WAVES"], sms)
         return (_DECODE, programs, grid_r), chunk, programs
 
+    early, overlap = decode_start(x.device)
+
     def build(c):
         facts, chunk, programs = facts_of(c)
         return ((programs,), _fwd_prefix(facts, x, w, b, y, cols, row_ptr),
-                (tokens, in_features, out_features, nnz, chunk, bh, bw, has_bias, prec, block_k, search))
-    key = ("decode", x.dtype, prec, bucket(tokens), bh, bw, bucket(nnz), depth(nnz, grid_r), has_bias)
+                (tokens, in_features, out_features, nnz, chunk, bh, bw, has_bias, prec, block_k, search, early,
+                 overlap))
+    key = ("decode", x.dtype, prec, bucket(tokens), bh, bw, bucket(nnz), depth(nnz, grid_r), has_bias, overlap)
     plan = _plan("decode", key, x.device.index, build, lambda c: decode_fits(c, tokens, bh, bw, size))
     plan.facts = facts_of(plan.choice)[0]
     return plan
@@ -216,11 +221,15 @@ def _uncut_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms):
     total = bh // sub * nnz
     block_k, search = decode_block_k(bw), decode_search(grid_r)
 
+    overlap = decode_start(x.device)[1]
+
     def build(c):
         chunk, programs = decode_chunk(total, c.kwargs["WAVES"], sms)
         return ((programs,), _fwd_prefix((_UNCUT,), x, w, b, y, cols, row_ptr),
-                (tokens, in_features, out_features, total, chunk, bh, bw, sub, has_bias, prec, block_k, search))
-    key = ("decode_uncut", x.dtype, prec, bucket(tokens), bh, bw, bucket(nnz), depth(nnz, grid_r), has_bias)
+                (tokens, in_features, out_features, total, chunk, bh, bw, sub, has_bias, prec, block_k, search,
+                 overlap))
+    key = ("decode_uncut", x.dtype, prec, bucket(tokens), bh, bw, bucket(nnz), depth(nnz, grid_r), has_bias,
+           overlap)
     return _plan("decode_uncut", key, x.device.index, build, lambda c: decode_uncut_fits(c, tokens, bh, bw, size),
                  facts=(_UNCUT,))
 

@@ -13,7 +13,8 @@ import threading
 
 import torch
 
-from ..triton_compat import TensorDescriptor, triton
+from ... import settings
+from ..triton_compat import TensorDescriptor, gdc_wait, triton
 from .layout import BLOCK_SIZES
 
 
@@ -308,6 +309,33 @@ def decode_fits(c, tokens: int, bh: int, bw: int, size: int) -> bool:
             and (c.kwargs["BLOCK_M"] + bh) * k * size * _buffers(c.num_stages) <= 200 * 1024)
 
 
+DECODE_EARLY_LINES = 128
+"""How many 128-byte lines of its first blocks a decode program asks into L2 before it searches the
+layout (``_decode_start``): 16 KB, two 64x64 bf16 blocks."""
+
+
+def decode_start(device: torch.device) -> tuple[int, bool]:
+    """(``EARLY``, ``OVERLAP``) of the decode kernels on ``device``: the early lines on a CUDA device;
+    the overlap (a programmatic dependent launch) on sm_90 and newer, where triton has
+    ``griddepcontrol`` and ``OPFORGE_BLOCK_SPARSE_OVERLAP`` is on. None of either on CPU tensors
+    (triton's interpreter)."""
+    if device.type != "cuda":
+        return 0, False
+    return DECODE_EARLY_LINES, overlap(device.index)
+
+
+def overlap(device_index: int) -> bool:
+    """The decode kernels on this device launch as programmatic dependents (``decode_start``)."""
+    found = _OVERLAP.get(device_index)
+    if found is None:
+        found = _OVERLAP[device_index] = (gdc_wait is not None
+                                          and torch.cuda.get_device_capability(device_index)[0] >= 9)
+    return found and settings.current().block_sparse_overlap
+
+
+_OVERLAP: dict = {}
+
+
 def decode_chunk(nnz: int, waves: int, sms: int) -> tuple[int, int]:
     """(blocks per program, programs) of the decode forward for ``waves`` programs per SM: equal
     runs of the kept blocks, at least one program (an empty layout stores the bias).
@@ -337,6 +365,7 @@ _DEVICES: dict = {}
 
 
 __all__ = ["DECODE_MAX_TOKENS", "DECODE_PIPES", "DECODE_UNCUT_PIPES", "DECODE_UNCUT_WAVES", "DECODE_WAVES", "KERNEL_DTYPES", "M_TILES", "SPLITS", "SPLIT_MAX_TOKENS", "TMA_MIN_TOKENS", "bucket", "cdiv",
-           "decode_block_k", "decode_chunk", "decode_configs", "decode_fits", "decode_search", "decode_split",
+           "decode_block_k", "decode_chunk", "decode_configs", "decode_fits", "decode_search", "decode_split", "decode_start",
+           "overlap",
            "decode_uncut_configs", "decode_uncut_fits", "decode_uncut_sub", "depth", "device_facts", "dw_configs", "dw_fits", "fwd_configs", "has_tma", "m_configs",
            "m_fits", "pow2", "precision", "split_counts", "supported", "tma_ready"]

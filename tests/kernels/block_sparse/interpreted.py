@@ -221,8 +221,8 @@ def decode(seed: int, layouts: int) -> dict:
             _decode_kernel[(programs,)](x, w, b, y, part, counts, idx.cols, idx.row_ptr, tokens, in_f, out_f, lay.nnz,
                                         chunk, BH=bh, BW=bw, HAS_BIAS=True, PRECISION="ieee",
                                         BLOCK_K=triton_sizing.decode_block_k(bw),
-                                        SEARCH=triton_sizing.decode_search(grid[0]), BLOCK_M=max(16, triton_sizing.pow2(tokens)),
-                                        WAVES=1)
+                                        SEARCH=triton_sizing.decode_search(grid[0]), EARLY=0, OVERLAP=False,
+                                        BLOCK_M=max(16, triton_sizing.pow2(tokens)), WAVES=1)
             launches += 1
             err = (y.double() - ref).abs().max().item() if y.numel() else 0.0
             if not err <= 1e-4 * max(1.0, ref.abs().max().item()) or counts.any():
@@ -251,7 +251,7 @@ def uncut(seed: int, layouts: int) -> dict:
             _decode_uncut_kernel[(programs,)](x, w, b, y, idx.cols, idx.row_ptr, tokens, in_f, out_f, total, chunk,
                                               BH=bh, BW=bw, SUB=sub, HAS_BIAS=has_bias, PRECISION="ieee",
                                               BLOCK_K=triton_sizing.decode_block_k(bw),
-                                              SEARCH=triton_sizing.decode_search(grid[0]),
+                                              SEARCH=triton_sizing.decode_search(grid[0]), OVERLAP=False,
                                               BLOCK_M=max(16, triton_sizing.pow2(tokens)), WAVES=1)
             launches += 1
             err = (y.double() - ref).abs().max().item() if y.numel() else 0.0

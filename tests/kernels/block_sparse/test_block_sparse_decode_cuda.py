@@ -69,9 +69,17 @@ def test_the_op_equals_masked_dense(tokens, block, dtype, route):
             close(block_sparse_linear(x, w, b, lay), ref, dtype)  # the counts were left at zero
 
 
-def run_kernel(lay, w, x, b, chunk: int, block_m: int):
+def started(uncut: bool = False) -> dict:
+    """The decode kernels' start as the plans launch them on this GPU: the decode kernel's first blocks
+    asked into L2 early, and on sm_90 and newer both launched as programmatic dependents of the launch
+    before."""
+    early, overlap = triton_sizing.decode_start(torch.device("cuda", torch.cuda.current_device()))
+    return {**({} if uncut else {"EARLY": early}), "OVERLAP": overlap, **({"launch_pdl": True} if overlap else {})}
+
+
+def run_kernel(lay, w, x, b, chunk: int, block_m: int, idx=None):
     """``_decode_kernel`` with an explicit run length (the host sizes it from the programs per SM)."""
-    idx = lay.indices("cuda")
+    idx = idx or lay.indices("cuda")
     nnz, bh, bw = w.shape
     tokens, k_in = x.shape
     n_out = lay.shape[0]
@@ -82,7 +90,7 @@ def run_kernel(lay, w, x, b, chunk: int, block_m: int):
     triton_decode._decode_kernel[(programs,)](
         x, w, b if b is not None else w, y, part, counts, idx.cols, idx.row_ptr, tokens, k_in, n_out, nnz, chunk,
         BH=bh, BW=bw, HAS_BIAS=b is not None, PRECISION="tf32", BLOCK_K=triton_sizing.decode_block_k(bw),
-        SEARCH=triton_sizing.decode_search(n_out // bh), BLOCK_M=block_m, WAVES=1)
+        SEARCH=triton_sizing.decode_search(n_out // bh), **started(), BLOCK_M=block_m, WAVES=1)
     assert counts.eq(0).all()
     return y
 
@@ -116,10 +124,10 @@ def test_many_small_layouts_every_run_length_twice(block):
                 close(run_kernel(lay, w, x, b, chunk, max(16, triton_sizing.pow2(tokens))), ref, torch.float16)
 
 
-def run_uncut(lay, w, x, b, chunk: int, sub: int):
+def run_uncut(lay, w, x, b, chunk: int, sub: int, idx=None):
     """``_decode_uncut_kernel`` with an explicit share a program (in slices: a unit is a row's blocks'
     ``sub`` rows) and unit height."""
-    idx = lay.indices("cuda")
+    idx = idx or lay.indices("cuda")
     nnz, bh, bw = w.shape
     tokens, k_in = x.shape
     n_out = lay.shape[0]
@@ -129,8 +137,8 @@ def run_uncut(lay, w, x, b, chunk: int, sub: int):
     triton_decode._decode_uncut_kernel[(programs,)](
         x, w, b if b is not None else w, y, idx.cols, idx.row_ptr, tokens, k_in, n_out, total, chunk,
         BH=bh, BW=bw, SUB=sub, HAS_BIAS=b is not None, PRECISION="tf32", BLOCK_K=triton_sizing.decode_block_k(bw),
-        SEARCH=triton_sizing.decode_search(n_out // bh), BLOCK_M=max(16, triton_sizing.pow2(tokens)), WAVES=1,
-        num_stages=8)
+        SEARCH=triton_sizing.decode_search(n_out // bh), **started(uncut=True),
+        BLOCK_M=max(16, triton_sizing.pow2(tokens)), WAVES=1, num_stages=8)
     return y
 
 
@@ -288,6 +296,38 @@ def test_an_overlapped_launch_reads_what_the_kernels_before_it_wrote():
         cols.copy_(new.cols)
         cuda_decode.ops().forward(xb, wb, None, y, cols, idx.row_ptr, counts, 0, 3, 2, 1)
         close(y, ref2, torch.bfloat16)
+
+
+@needs_hopper
+@pytest.mark.parametrize("kernel", ["decode", "uncut"])
+def test_an_overlapped_triton_launch_reads_what_the_kernels_before_it_wrote(kernel):
+    """The same for the Triton decode kernels, which the plans launch as programmatic dependents on
+    sm_90 and newer (``triton_sizing.decode_start``), their first blocks asked into L2 before they wait:
+    the weights, x and the columns written in place right before each launch, ten times over, with
+    runs that cut rows (the decode kernel's counts and partials) and units of half a row."""
+    assert triton_sizing.decode_start(torch.device("cuda"))[1], "sm_90 launches them as dependents"
+    mask = ragged(9)
+    lay, w, x, _, ref = case(mask, (64, 64), 17, torch.bfloat16, bias=False)
+    idx = lay.indices("cuda")
+
+    def run(wb, xb, ix):
+        if kernel == "decode":
+            return run_kernel(lay, wb, xb, None, 3, 32, ix)
+        return run_uncut(lay, wb, xb, None, 5, 32, ix)
+    for trial in range(10):
+        g = torch.Generator().manual_seed(100 + trial)
+        moved = torch.stack([row[torch.randperm(9, generator=g)] for row in mask])
+        lay2, w2, x2, _, ref2 = case(moved, (64, 64), 17, torch.bfloat16, bias=False, seed=trial + 1)
+        new = lay2.indices("cuda")
+        assert torch.equal(new.row_ptr, idx.row_ptr)
+        wb, xb, ix = w.clone(), x.clone(), idx._replace(cols=idx.cols.clone())
+        first = run(wb, xb, ix)
+        wb.copy_(w2)
+        xb.copy_(x2)
+        ix.cols.copy_(new.cols)
+        second = run(wb, xb, ix)
+        close(first, ref, torch.bfloat16)
+        close(second, ref2, torch.bfloat16)
 
 
 @needs_hopper

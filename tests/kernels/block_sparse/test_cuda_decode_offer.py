@@ -122,3 +122,28 @@ def test_the_plan_calls_the_op_as_the_cpp_side_registers_it(fresh, monkeypatch):
     assert got["x"] is x and got["w"] is w and got["b"] is None and got["y"] is y
     assert got["cols"] is cols and got["row_ptr"] is row_ptr and got["counts"] is counts and got["chunk"] == 0
     assert {k: got[k] for k in cuda_decode.CONFIGS[0]} == cuda_decode.CONFIGS[0]
+
+
+@pytest.mark.parametrize("capability, env, want", [((9, 0), None, True), ((10, 0), "1", True), ((8, 0), None, False),
+                                                   ((9, 0), "0", False), ((9, 0), "off", False)])
+def test_the_triton_decode_kernels_overlap_where_the_gpu_and_the_setting_allow(capability, env, want, monkeypatch):
+    """``triton_sizing.decode_start``: the early L2 lines on any CUDA device; the launch as a programmatic
+    dependent only from sm_90 on (griddepcontrol) and with ``OPFORGE_BLOCK_SPARSE_OVERLAP`` not off;
+    neither on CPU tensors (triton's interpreter has no inline PTX)."""
+    from opforge.kernels.block_sparse import triton_sizing
+
+    if triton_sizing.gdc_wait is None:
+        pytest.skip("no triton with griddepcontrol here")
+    monkeypatch.setattr(triton_sizing, "_OVERLAP", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: capability)
+    if env is None:
+        monkeypatch.delenv("OPFORGE_BLOCK_SPARSE_OVERLAP", raising=False)
+    else:
+        monkeypatch.setenv("OPFORGE_BLOCK_SPARSE_OVERLAP", env)
+    opforge.reset()
+    try:
+        assert triton_sizing.decode_start(torch.device("cuda", 0)) == (triton_sizing.DECODE_EARLY_LINES, want)
+        assert triton_sizing.decode_start(torch.device("cpu")) == (0, False)
+    finally:
+        monkeypatch.undo()
+        opforge.reset()
