@@ -318,8 +318,8 @@ def decode_start(device: torch.device) -> tuple[int, bool]:
     """(``EARLY``, ``OVERLAP``) of the decode kernels on ``device``: the early lines on a CUDA device;
     the overlap (a programmatic dependent launch) on sm_90 and newer, where triton has
     ``griddepcontrol`` and ``OPFORGE_BLOCK_SPARSE_OVERLAP`` is on. None of either on CPU tensors
-    (triton's interpreter)."""
-    if device.type != "cuda":
+    (triton's interpreter) or on a ROCm torch's GPUs (both are PTX)."""
+    if device.type != "cuda" or torch.version.hip:
         return 0, False
     return DECODE_EARLY_LINES, overlap(device.index)
 

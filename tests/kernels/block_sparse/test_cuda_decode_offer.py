@@ -129,7 +129,7 @@ def test_the_plan_calls_the_op_as_the_cpp_side_registers_it(fresh, monkeypatch):
 def test_the_triton_decode_kernels_overlap_where_the_gpu_and_the_setting_allow(capability, env, want, monkeypatch):
     """``triton_sizing.decode_start``: the early L2 lines on any CUDA device; the launch as a programmatic
     dependent only from sm_90 on (griddepcontrol) and with ``OPFORGE_BLOCK_SPARSE_OVERLAP`` not off;
-    neither on CPU tensors (triton's interpreter has no inline PTX)."""
+    neither on CPU tensors (triton's interpreter has no inline PTX) nor on a ROCm torch's GPUs."""
     from opforge.kernels.block_sparse import triton_sizing
 
     if triton_sizing.gdc_wait is None:
@@ -144,6 +144,8 @@ def test_the_triton_decode_kernels_overlap_where_the_gpu_and_the_setting_allow(c
     try:
         assert triton_sizing.decode_start(torch.device("cuda", 0)) == (triton_sizing.DECODE_EARLY_LINES, want)
         assert triton_sizing.decode_start(torch.device("cpu")) == (0, False)
+        monkeypatch.setattr(torch.version, "hip", "6.2", raising=False)  # a ROCm torch's GPUs: no PTX
+        assert triton_sizing.decode_start(torch.device("cuda", 0)) == (0, False)
     finally:
         monkeypatch.undo()
         opforge.reset()
