@@ -269,7 +269,8 @@ def _replayed(call, x, w, bias, layout):
         return None
     idx = layout.indices(x.device)
     x2 = x if x.ndim == 2 else x.reshape(-1, in_features)
-    got = call(x2, w, bias, idx.cols, idx.row_ptr, out_features, x.dtype is torch.float32 and _MATMUL.allow_tf32)
+    got = call(x2, w, bias, idx.cols, idx.row_ptr, idx.rows, out_features,
+               x.dtype is torch.float32 and _MATMUL.allow_tf32)
     if not got:
         return None
     return got[0] if x.ndim == 2 else got[0].view(*x.shape[:-1], out_features)

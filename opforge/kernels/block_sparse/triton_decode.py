@@ -14,17 +14,17 @@ from ..triton_compat import gdc_launch_dependents, gdc_wait, jit, tl
 
 
 @jit
-def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, row_ptr_ptr, T, K_IN, N_OUT, NNZ, CHUNK,
-                   BH: tl.constexpr, BW: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
-                   BLOCK_K: tl.constexpr, SEARCH: tl.constexpr, EARLY: tl.constexpr, OVERLAP: tl.constexpr,
-                   BLOCK_M: tl.constexpr, WAVES):
+def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, row_ptr_ptr, rows_ptr, T, K_IN, N_OUT, NNZ,
+                   CHUNK, BH: tl.constexpr, BW: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+                   BLOCK_K: tl.constexpr, EARLY: tl.constexpr, OVERLAP: tl.constexpr, BLOCK_M: tl.constexpr, WAVES):
     """The forward at decode sizes (all T tokens in one tile of BLOCK_M rows): program ``p`` takes
     the kept blocks ``p * CHUNK`` to ``(p + 1) * CHUNK`` of the row-major list, whichever block-rows
     they belong to, so every program streams the same bytes of ``w`` however the rows' lengths vary
     (WAVES, tuned, is the programs per SM the host sized CHUNK for; the kernel doesn't read it).
 
     A program owns the block-rows its blocks belong to, and the empty ones that start inside its
-    range (the last program: also those after the last block). A row wholly inside the range is
+    range (the last program: also those after the last block); it tells them from ``rows`` (each
+    block's block-row) at the two ends of its range. A row wholly inside the range is
     stored at once (plus the bias). Only the first and the last row can be cut by the range:
     * the first, if it began before the range and ends inside it, is the program's to finish: it
       sums its own blocks of the row first and keeps the sum;
@@ -45,38 +45,34 @@ def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, ro
     hi = tl.minimum(lo + CHUNK, NNZ)
     n_rows = N_OUT // BH
     _decode_start(w_ptr, lo, hi, BH * BW, EARLY, OVERLAP)
-    # the rows owned: from the first whose blocks reach past lo (an empty row starting at lo
-    # included) to the last that starts before hi; found by counting over row_ptr
-    first = 0
-    end = 0
-    for r0 in range(0, n_rows, SEARCH):
-        rr = r0 + tl.arange(0, SEARCH)
-        ok = rr < n_rows
-        starts = tl.load(row_ptr_ptr + rr, mask=ok, other=NNZ + 1)
-        ends = tl.load(row_ptr_ptr + rr + 1, mask=ok, other=NNZ + 1)
-        first += tl.sum(((ends <= lo) & (starts < lo)).to(tl.int32), axis=0)
-        end += tl.sum((starts < hi).to(tl.int32), axis=0)
-    end = tl.where(hi >= NNZ, n_rows, end)
+    # the rows owned, from the block-rows of the blocks at the run's two ends (``rows``): a program
+    # reads two lines of its own, where a search of row_ptr had every program read the same lines
+    # at once, which cost a decode layer 1-4 us on an H100 (docs/benchmarks.md, issue 35)
+    has = hi > lo  # False only in a layout with no blocks: one program, which owns every row
+    before = tl.load(rows_ptr + lo - 1, mask=has & (lo > 0), other=-1).to(tl.int32)  # block lo - 1's row
+    r_lo = tl.load(rows_ptr + lo, mask=has, other=-1).to(tl.int32)
+    r_hi = tl.load(rows_ptr + hi - 1, mask=has, other=-1).to(tl.int32)
+    after = tl.load(rows_ptr + hi, mask=has & (hi < NNZ), other=-1).to(tl.int32)  # block hi's row
+    began = has & (before == r_lo)  # the first row began before the run
+    head = has & (after == r_hi)  # the last row goes on past the run
+    first = tl.where(began, r_lo, before + 1)  # empty rows between two programs' blocks: the later one's
+    end = tl.where(hi >= NNZ, n_rows, r_hi + 1)
+    owned = began & ~(head & (r_hi == r_lo))  # the first row began before the run and ends in it
     offs_m = tl.arange(0, BLOCK_M)
     offs_h = tl.arange(0, BH)
     m_ok = offs_m < T
     tile = offs_m.to(tl.int64)[:, None] * BH + offs_h[None, :]
-    some = end > first
-    f_lo = tl.load(row_ptr_ptr + first, mask=some, other=0)
-    f_hi = tl.load(row_ptr_ptr + first + 1, mask=some, other=0)
-    l_hi = tl.load(row_ptr_ptr + end, mask=some, other=0)
-    owned = some & (f_lo < lo) & (f_hi <= hi)  # the first row began before the run and ends in it
-    head = some & (l_hi > hi)  # the last row goes on past the run
     mine = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
     if owned:
-        mine = _decode_run(x_ptr, w_ptr, cols_ptr, mine, lo, f_hi, T, K_IN, BH, BW, PRECISION, BLOCK_K, BLOCK_M)
+        mine = _decode_run(x_ptr, w_ptr, cols_ptr, mine, lo, tl.load(row_ptr_ptr + r_lo + 1), T, K_IN, BH, BW,
+                           PRECISION, BLOCK_K, BLOCK_M)
     if head:
         acc = _decode_run(x_ptr, w_ptr, cols_ptr, tl.zeros((BLOCK_M, BH), dtype=tl.float32),
-                          tl.maximum(tl.load(row_ptr_ptr + end - 1), lo), hi, T, K_IN, BH, BW, PRECISION, BLOCK_K,
+                          tl.maximum(tl.load(row_ptr_ptr + r_hi), lo), hi, T, K_IN, BH, BW, PRECISION, BLOCK_K,
                           BLOCK_M)
         tl.store(part_ptr + p.to(tl.int64) * T * BH + tile, acc, mask=m_ok[:, None])
         tl.debug_barrier()  # every thread's partial is stored before the count says so
-        tl.atomic_add(count_ptr + end - 1, 1, sem="release")
+        tl.atomic_add(count_ptr + r_hi, 1, sem="release")
     for r in range(first + owned.to(tl.int32), end - head.to(tl.int32)):
         acc = _decode_run(x_ptr, w_ptr, cols_ptr, tl.zeros((BLOCK_M, BH), dtype=tl.float32),
                           tl.load(row_ptr_ptr + r), tl.load(row_ptr_ptr + r + 1), T, K_IN, BH, BW, PRECISION,
@@ -85,7 +81,7 @@ def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, ro
     if OVERLAP:
         gdc_launch_dependents()  # this program's blocks are read: the next launch may start its own
     if owned:
-        q0 = f_lo // CHUNK
+        q0 = tl.load(row_ptr_ptr + r_lo) // CHUNK
         seen = tl.atomic_add(count_ptr + first, 0, sem="acquire")
         while seen < p - q0:  # they counted themselves early in their runs: rarely waits
             seen = tl.atomic_add(count_ptr + first, 0, sem="acquire")

@@ -93,7 +93,7 @@ def forward(x, w, bias, rows, cols, row_ptr, out_features: int):
     tf32 = x.dtype is _F32 and _MATMUL.allow_tf32
     native = _NATIVE_FWD.call
     if native is not None and triton_launch.direct():
-        got = native(x, w, bias, cols, row_ptr, out_features, tf32)
+        got = native(x, w, bias, cols, row_ptr, rows, out_features, tf32)
         if got:
             return got[0]
     key = (x.shape, w.shape, out_features, x.dtype, w.dtype, None if bias is None else bias.dtype, x.device,
@@ -101,22 +101,22 @@ def forward(x, w, bias, rows, cols, row_ptr, out_features: int):
            cols.data_ptr() % 16, row_ptr.data_ptr() % 16, x.is_contiguous(), w.is_contiguous(), tf32)
     plan = _FWD.get(key)
     if plan is None:
-        plan = _keep(_FWD, key, _forward_plan(x, w, bias, cols, row_ptr, out_features))
+        plan = _keep(_FWD, key, _forward_plan(x, w, bias, cols, row_ptr, rows, out_features))
     if plan is _REFERENCE:
         return reference.forward(x, w, bias, rows, cols, row_ptr, out_features)
     if plan.facts[0] is _PAIR and _pair_lists(cols, row_ptr, *plan.facts[3:5]) is None:
         plan = plan.facts[5]  # a layout first seen under a CUDA graph capture: its pair lists can't be made there
     y = torch.empty(x.shape[0], out_features, dtype=x.dtype, device=x.device)
-    prefix = _fwd_prefix(plan.facts, x, w, bias if bias is not None else w, y, cols, row_ptr)
+    prefix = _fwd_prefix(plan.facts, x, w, bias if bias is not None else w, y, cols, row_ptr, rows)
     plan(prefix, x.device.index)
     if not plan.native:
         outputs = [(y, True)] + ([(prefix[4], False)] if plan.facts[0] is _SPLIT or plan.facts[0] is _DECODE else [])
-        _define(_NATIVE_FWD, native is not None, plan, prefix, (x, w, bias, cols, row_ptr), (out_features, tf32),
-                outputs)
+        _define(_NATIVE_FWD, native is not None, plan, prefix, (x, w, bias, cols, row_ptr, rows),
+                (out_features, tf32), outputs)
     return y
 
 
-def _forward_plan(x, w, bias, cols, row_ptr, out_features):
+def _forward_plan(x, w, bias, cols, row_ptr, rows, out_features):
     nnz, bh, bw = w.shape
     tokens, in_features = x.shape
     if not supported(x, bh, bw) or tokens == 0:
@@ -129,7 +129,7 @@ def _forward_plan(x, w, bias, cols, row_ptr, out_features):
     b = bias if has_bias else w
     y = torch.empty(tokens, out_features, dtype=x.dtype, device=x.device)  # for tuning runs
     if tokens <= DECODE_MAX_TOKENS:
-        return _decode_route(x, w, b, y, cols, row_ptr, out_features, has_bias, sms, key)
+        return _decode_route(x, w, b, y, cols, row_ptr, rows, out_features, has_bias, sms, key)
     if has_tma and tma_ready(tokens, x, w2):  # more tokens than a decode split takes (TMA_MIN_TOKENS)
         def build(c):
             m, k = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"]
@@ -171,28 +171,28 @@ def _pointer_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, key):
     return plan
 
 
-def _decode_route(x, w, b, y, cols, row_ptr, out_features, has_bias, sms, key):
+def _decode_route(x, w, b, y, cols, row_ptr, rows, out_features, has_bias, sms, key):
     """The decode plan, the uncut plan, the pointer plan or (where offered) the CUDA kernel's plan,
     whichever ``DECODE_ROUTE`` found fastest for this size class (each tuned first; each launched
     once on these arguments when the route is timed)."""
-    plans = {"decode": _decode_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms),
+    plans = {"decode": _decode_plan(x, w, b, y, cols, row_ptr, rows, out_features, has_bias, sms),
              "uncut": _uncut_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms),
              "pointer": _pointer_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, key)}
     bias = b if has_bias else None
     if cuda_decode.offered(x, w, bias):
         plans["cuda"] = cuda_decode.plan(x, w, bias, y, cols, row_ptr, out_features, _CUDA)
     return _routed(DECODE_ROUTE, "route", plans, x, w, b, y, cols, row_ptr, out_features, has_bias,
-                   (*key, decode_start(x.device)[1]))
+                   (*key, decode_start(x.device)[1]), rows)
 
 
-def _decode_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms):
+def _decode_plan(x, w, b, y, cols, row_ptr, rows, out_features, has_bias, sms):
     """The forward at decode sizes (``_decode_kernel``): its config (token tile, pipeline,
     programs per SM) tuned per size class, the blocks per program sized from the programs."""
     nnz, bh, bw = w.shape
     tokens, in_features = x.shape
     grid_r = out_features // bh
     prec, size = precision(x.dtype), x.element_size()
-    block_k, search = decode_block_k(bw), decode_search(grid_r)
+    block_k = decode_block_k(bw)
 
     def facts_of(c):
         chunk, programs = decode_chunk(nnz, c.kwargs["WAVES"], sms)
@@ -202,9 +202,8 @@ def _decode_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms):
 
     def build(c):
         facts, chunk, programs = facts_of(c)
-        return ((programs,), _fwd_prefix(facts, x, w, b, y, cols, row_ptr),
-                (tokens, in_features, out_features, nnz, chunk, bh, bw, has_bias, prec, block_k, search, early,
-                 overlap))
+        return ((programs,), _fwd_prefix(facts, x, w, b, y, cols, row_ptr, rows),
+                (tokens, in_features, out_features, nnz, chunk, bh, bw, has_bias, prec, block_k, early, overlap))
     key = ("decode", x.dtype, prec, bucket(tokens), bh, bw, bucket(nnz), depth(nnz, grid_r), has_bias, overlap)
     plan = _plan("decode", key, x.device.index, build, lambda c: decode_fits(c, tokens, bh, bw, size))
     plan.facts = facts_of(plan.choice)[0]
@@ -238,7 +237,7 @@ def grad_input(dy, w, rows, cols, col_ptr, col_order, in_features: int):
     tf32 = dy.dtype is _F32 and _MATMUL.allow_tf32
     native = _NATIVE_DX.call
     if native is not None and triton_launch.direct():
-        got = native(dy, w, rows, col_ptr, col_order, in_features, tf32)
+        got = native(dy, w, rows, col_ptr, col_order, None, in_features, tf32)
         if got:
             return got[0]
     key = (dy.shape, w.shape, in_features, dy.dtype, w.dtype, dy.device, dy.data_ptr() % 16, w.data_ptr() % 16,
@@ -253,8 +252,8 @@ def grad_input(dy, w, rows, cols, col_ptr, col_order, in_features: int):
     prefix = _dx_prefix(plan.facts, dy, w, dx, rows, col_ptr, col_order)
     plan(prefix, dy.device.index)
     if not plan.native:
-        _define(_NATIVE_DX, native is not None, plan, prefix, (dy, w, rows, col_ptr, col_order), (in_features, tf32),
-                [(dx, True)])
+        _define(_NATIVE_DX, native is not None, plan, prefix, (dy, w, rows, col_ptr, col_order, None),
+                (in_features, tf32), [(dx, True)])
     return dx
 
 
@@ -310,7 +309,7 @@ def _grad_weight(dy, x, rows, cols, row_ptr, bh, bw, with_db: bool):
     tf32 = x.dtype is _F32 and _MATMUL.allow_tf32
     native = _NATIVE_DW.call
     if native is not None and triton_launch.direct():
-        got = native(dy, x, cols, row_ptr, rows, bh << 16 | bw, 2 * with_db + tf32)
+        got = native(dy, x, cols, row_ptr, rows, None, bh << 16 | bw, 2 * with_db + tf32)
         if got:
             return got[0], (got[1] if with_db else None)
     key = (dy.shape, x.shape, rows.shape, bh, bw, dy.dtype, x.dtype, x.device, dy.data_ptr() % 16,
@@ -330,7 +329,7 @@ def _grad_weight(dy, x, rows, cols, row_ptr, bh, bw, with_db: bool):
         outputs = [(out, True)] + ([(db, True)] if with_db else [])
         if plan.facts[0] > 1:  # the split's fp32 partials (db's share dw's buffer without db)
             outputs += [(prefix[3], False)] + ([(prefix[5], False)] if with_db else [])
-        _define(_NATIVE_DW, native is not None, plan, prefix, (dy, x, cols, row_ptr, rows),
+        _define(_NATIVE_DW, native is not None, plan, prefix, (dy, x, cols, row_ptr, rows, None),
                 (bh << 16 | bw, 2 * with_db + tf32), outputs)
     return out, db
 

@@ -106,8 +106,9 @@ def _plan(which: str, key: tuple, device: int, build, keep, facts=None, prefer=N
     return Plan(kernel, choice, grid, consts, facts if facts is not None else which)
 
 
-def _fwd_prefix(facts, x, w, b, y, cols, row_ptr) -> tuple:
-    """A forward launch's leading arguments: this call's tensors (and fresh split buffers)."""
+def _fwd_prefix(facts, x, w, b, y, cols, row_ptr, rows=None) -> tuple:
+    """A forward launch's leading arguments: this call's tensors (and fresh split buffers); ``rows``
+    (each block's block-row) for the decode kernel."""
     kind = facts[0]
     if kind is _TMA:
         return Described(x, facts[1]), Described(w, facts[2], w.shape[0] * w.shape[1]), b, y, cols, row_ptr
@@ -116,7 +117,7 @@ def _fwd_prefix(facts, x, w, b, y, cols, row_ptr) -> tuple:
                 *_pair_lists(cols, row_ptr, facts[3], facts[4]))
     if kind is _DECODE:  # (_DECODE, partial slots, block-rows): a slot holds (tokens, bh)
         part = torch.empty(facts[1], x.shape[0], w.shape[1], dtype=torch.float32, device=x.device)
-        return x, w, b, y, part, split_counts(x.device.index, facts[2]), cols, row_ptr
+        return x, w, b, y, part, split_counts(x.device.index, facts[2]), cols, row_ptr, rows
     if kind is _UNCUT:
         return x, w, b, y, cols, row_ptr
     if kind is _CUDA:  # (_CUDA, has a bias, counts): the op's leading arguments, chunk 0 (an equal share)
@@ -134,12 +135,13 @@ def _pair_lists(cols, row_ptr, grid_r: int, grid_c: int):
     return pairs.lists_for(cols, row_ptr, grid_r, grid_c, make)
 
 
-def _routed(route: Route, name: str, plans: dict, x, w, b, y, cols, row_ptr, out_features, has_bias, key) -> Plan:
+def _routed(route: Route, name: str, plans: dict, x, w, b, y, cols, row_ptr, out_features, has_bias, key,
+            rows=None) -> Plan:
     """The plan of ``plans`` (name -> a plan, its config tuned) that ``route`` found faster for this
     size class (``name`` and the size class make its key); each launched once on these arguments
     when the route is timed."""
     dev = x.device.index
-    prefixes = {n: _fwd_prefix(p.facts, x, w, b, y, cols, row_ptr) for n, p in plans.items()}
+    prefixes = {n: _fwd_prefix(p.facts, x, w, b, y, cols, row_ptr, rows) for n, p in plans.items()}
     runs = {n: (lambda p=p, n=n: p(prefixes[n], dev)) for n, p in plans.items()}
     nnz, bh, bw = w.shape
     return plans[route.choose((name, x.dtype, *key, bh, bw, out_features, bucket(nnz), has_bias), dev, runs)]

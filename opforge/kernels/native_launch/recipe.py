@@ -34,7 +34,7 @@ class Recipe(NamedTuple):
 
 def recipe_of(compiled, grid: tuple, args: tuple, inputs: tuple, outputs: list, to_host=None) -> Recipe | str:
     """The recipe of launching ``compiled`` over ``grid`` with ``args``, whose tensors are among
-    ``inputs`` (the op's t0..t4), ``outputs`` (``(tensor, returned)``, allocated per call) or
+    ``inputs`` (the op's t0..t5), ``outputs`` (``(tensor, returned)``, allocated per call) or
     else held by the recipe; or why there is none. ``to_host``: triton's map from a TMA
     operand's device dtype to the driver's (``TMA_DTYPE_DEVICE_TO_HOST``) unless given (tests)."""
     try:

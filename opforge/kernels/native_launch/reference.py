@@ -2,9 +2,9 @@
 
 A *recipe* launches one call shape (the C++ file's header has the encoding):
 
-* ``define(table, t0, t1, t2, t3, t4, s0, s1, launch, outputs, program, held)`` keeps a recipe
+* ``define(table, t0, t1, t2, t3, t4, t5, s0, s1, launch, outputs, program, held)`` keeps a recipe
   under the key of these inputs (``key_of``);
-* ``call(table, t0, ..., t4, s0, s1) -> list[Tensor]``: the recipe's returned outputs, after
+* ``call(table, t0, ..., t5, s0, s1) -> list[Tensor]``: the recipe's returned outputs, after
   its launch; ``[]`` when no recipe has this key (here: always, as this variant launches
   nothing, so the caller's Python path takes every call);
 * ``pack(...) -> [params, launch, *outputs]``: a dry run, the parameter bytes the launch would
@@ -22,7 +22,7 @@ import struct
 import torch
 
 PTR, INT, TMA = 0, 1, 3
-INPUTS, OUT0, HELD0 = 5, 16, 32
+INPUTS, OUT0, HELD0 = 6, 16, 32
 MAP_BYTES, MAX_RECIPES = 128, 4096
 _CODES = {torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.float16: 5,
           torch.float32: 6, torch.float64: 7, torch.bool: 11, torch.bfloat16: 15}
@@ -86,25 +86,25 @@ _RECIPES: dict = {}
 _STATS = [0, 0]
 
 
-def define(table, t0, t1, t2, t3, t4, s0, s1, launch, outputs, program, held) -> None:
+def define(table, t0, t1, t2, t3, t4, t5, s0, s1, launch, outputs, program, held) -> None:
     if len(_RECIPES) >= MAX_RECIPES:
         _RECIPES.clear()
-    _RECIPES[key_of(table, (t0, t1, t2, t3, t4), s0, s1)] = _Recipe(launch, outputs, program, held)
+    _RECIPES[key_of(table, (t0, t1, t2, t3, t4, t5), s0, s1)] = _Recipe(launch, outputs, program, held)
 
 
-def call(table, t0, t1, t2, t3, t4, s0, s1) -> list:
+def call(table, t0, t1, t2, t3, t4, t5, s0, s1) -> list:
     _STATS[1] += 1
     return []
 
 
-def pack(table, t0, t1, t2, t3, t4, s0, s1) -> list:
-    r = _RECIPES.get(key_of(table, (t0, t1, t2, t3, t4), s0, s1))
+def pack(table, t0, t1, t2, t3, t4, t5, s0, s1) -> list:
+    r = _RECIPES.get(key_of(table, (t0, t1, t2, t3, t4, t5), s0, s1))
     if r is None:
         _STATS[1] += 1
         return []
     _STATS[0] += 1
     outs = [t0.new_empty(sizes, dtype=dtype) for dtype, _, sizes in r.outputs]
-    src = dict(enumerate((t0, t1, t2, t3, t4)))
+    src = dict(enumerate((t0, t1, t2, t3, t4, t5)))
     src.update({OUT0 + j: o for j, o in enumerate(outs)})
     src.update({HELD0 + h: t for h, t in enumerate(r.held)})
     buf = bytearray()

@@ -75,7 +75,7 @@ class NativeTable:
         self.wanted = True  # False once the C++ variant turned out not to be had: stop asking
 
     def define(self, compiled, grid: tuple, args: tuple, inputs: tuple, scalars: tuple, outputs: list) -> bool:
-        """Define the recipe of this launch (``recipe_of``) under the key of ``inputs`` (five
+        """Define the recipe of this launch (``recipe_of``) under the key of ``inputs`` (six
         tensors or None) and ``scalars`` (two ints); True if it was."""
         ops, why = native_ops()
         if ops is None:

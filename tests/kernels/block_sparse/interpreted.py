@@ -218,10 +218,9 @@ def decode(seed: int, layouts: int) -> dict:
             programs = max(1, -(-lay.nnz // chunk))
             y = torch.full((tokens, out_f), float("nan"))
             part = torch.full((programs, tokens, bh), float("nan"))
-            _decode_kernel[(programs,)](x, w, b, y, part, counts, idx.cols, idx.row_ptr, tokens, in_f, out_f, lay.nnz,
-                                        chunk, BH=bh, BW=bw, HAS_BIAS=True, PRECISION="ieee",
-                                        BLOCK_K=triton_sizing.decode_block_k(bw),
-                                        SEARCH=triton_sizing.decode_search(grid[0]), EARLY=0, OVERLAP=False,
+            _decode_kernel[(programs,)](x, w, b, y, part, counts, idx.cols, idx.row_ptr, idx.rows, tokens, in_f, out_f,
+                                        lay.nnz, chunk, BH=bh, BW=bw, HAS_BIAS=True, PRECISION="ieee",
+                                        BLOCK_K=triton_sizing.decode_block_k(bw), EARLY=0, OVERLAP=False,
                                         BLOCK_M=max(16, triton_sizing.pow2(tokens)), WAVES=1)
             launches += 1
             err = (y.double() - ref).abs().max().item() if y.numel() else 0.0

@@ -88,9 +88,9 @@ def run_kernel(lay, w, x, b, chunk: int, block_m: int, idx=None):
     part = torch.full((programs, tokens, bh), float("nan"), device="cuda")  # a slot per program
     counts = torch.zeros(n_out // bh, dtype=torch.int32, device="cuda")
     triton_decode._decode_kernel[(programs,)](
-        x, w, b if b is not None else w, y, part, counts, idx.cols, idx.row_ptr, tokens, k_in, n_out, nnz, chunk,
-        BH=bh, BW=bw, HAS_BIAS=b is not None, PRECISION="tf32", BLOCK_K=triton_sizing.decode_block_k(bw),
-        SEARCH=triton_sizing.decode_search(n_out // bh), **started(), BLOCK_M=block_m, WAVES=1)
+        x, w, b if b is not None else w, y, part, counts, idx.cols, idx.row_ptr, idx.rows, tokens, k_in, n_out, nnz,
+        chunk, BH=bh, BW=bw, HAS_BIAS=b is not None, PRECISION="tf32", BLOCK_K=triton_sizing.decode_block_k(bw),
+        **started(), BLOCK_M=block_m, WAVES=1)
     assert counts.eq(0).all()
     return y
 

@@ -48,7 +48,7 @@ def _both(ops, args):
     """Define ``args`` in both variants and pack a call of the same inputs in each."""
     ops.define(*args)
     reference.define(*args)
-    call = args[:8]
+    call = args[:9]
     return ops.pack(*call), reference.pack(*call)
 
 
@@ -64,7 +64,7 @@ def test_pack_matches_the_contract_for_every_kind_of_slot(ops):
                reference.TMA, 1, 6, 3, 4, 7, 2, 2, 4,  # w as (6, 4) rows
                reference.PTR, 17]
     outputs = [6, 1, 2, 4, 8, 3, 0, 1, 7]
-    args = (11, x, w, None, None, None, 8, 1, [123, 2, 3, 1, 4, 1024], outputs, program, [counts])
+    args = (11, x, w, None, None, None, None, 8, 1, [123, 2, 3, 1, 4, 1024], outputs, program, [counts])
     got, want = _both(ops, args)
     assert len(got) == len(want) == 4
     assert got[1].tolist() == want[1].tolist() == [123, 2, 3, 1, 4, 1024, 0]  # no 7th entry: not a dependent
@@ -103,7 +103,7 @@ def test_pack_matches_the_contract_on_any_program(ops, slots, rows, offset):
             if src == 1 and not r:
                 r = rows * 2  # w has rank 3: read it as rows
             program += [reference.TMA, src, r, swizzle, size, 7, 2, *box]
-    args = (12, x, w, None, None, None, rows, int(offset), [1, 1, 1, 1, 1, 0], [6, 1, 1, 3],
+    args = (12, x, w, None, None, None, None, rows, int(offset), [1, 1, 1, 1, 1, 0], [6, 1, 1, 3],
             program, [torch.zeros(2)])
     got, want = _both(ops, args)
     assert _masked(got[0], got[2:]) == _masked(want[0], want[2:])
@@ -114,19 +114,20 @@ def test_pack_matches_the_contract_on_any_program(ops, slots, rows, offset):
 def test_a_call_unlike_the_defined_one_misses(ops):
     x = torch.randn(4, 8)
     w = torch.randn(3, 2, 4)
-    ops.define(13, x, w, None, None, None, 8, 0, [1, 1, 1, 1, 1, 0], [6, 1, 1, 3], [reference.PTR, 0], [])
-    hit = ops.pack(13, x, w, None, None, None, 8, 0)
+    ops.define(13, x, w, None, None, None, None, 8, 0, [1, 1, 1, 1, 1, 0], [6, 1, 1, 3], [reference.PTR, 0], [])
+    hit = ops.pack(13, x, w, None, None, None, None, 8, 0)
     assert len(hit) == 3
     misses = [
-        (14, x, w, None, None, None, 8, 0),  # another table
-        (13, x, w, None, None, None, 9, 0),  # another int
-        (13, x, w, None, None, None, 8, 1),
-        (13, torch.randn(5, 8), w, None, None, None, 8, 0),  # another shape
-        (13, torch.randn(8, 4).t(), w, None, None, None, 8, 0),  # the same shape, other strides
-        (13, x.double(), w, None, None, None, 8, 0),  # another dtype
-        (13, torch.randn(33)[1:].view(4, 8), w, None, None, None, 8, 0),  # not 16-byte aligned
-        (13, x, w, x, None, None, 8, 0),  # an input given that wasn't
-        (13, x, None, None, None, None, 8, 0),  # an input missing
+        (14, x, w, None, None, None, None, 8, 0),  # another table
+        (13, x, w, None, None, None, None, 9, 0),  # another int
+        (13, x, w, None, None, None, None, 8, 1),
+        (13, torch.randn(5, 8), w, None, None, None, None, 8, 0),  # another shape
+        (13, torch.randn(8, 4).t(), w, None, None, None, None, 8, 0),  # the same shape, other strides
+        (13, x.double(), w, None, None, None, None, 8, 0),  # another dtype
+        (13, torch.randn(33)[1:].view(4, 8), w, None, None, None, None, 8, 0),  # not 16-byte aligned
+        (13, x, w, x, None, None, None, 8, 0),  # an input given that wasn't
+        (13, x, None, None, None, None, None, 8, 0),  # an input missing
+        (13, x, w, None, None, None, x, 8, 0),  # the sixth input given
     ]
     before = ops.stats()
     for m in misses:
@@ -134,22 +135,22 @@ def test_a_call_unlike_the_defined_one_misses(ops):
     after = ops.stats()
     assert after[2] - before[2] == 2 * len(misses) and after[1] == before[1]
     # another tensor of the defined shape, dtype and alignment hits: the key is not the address
-    assert len(ops.pack(13, torch.randn(4, 8), torch.randn(3, 2, 4), None, None, None, 8, 0)) == 3
+    assert len(ops.pack(13, torch.randn(4, 8), torch.randn(3, 2, 4), None, None, None, None, 8, 0)) == 3
 
 
 def test_a_recipe_on_cpu_tensors_says_it_needs_cuda_to_launch(ops):
     x = torch.randn(2, 2)
-    ops.define(15, x, None, None, None, None, 0, 0, [1, 1, 1, 1, 1, 0], [], [reference.PTR, 0], [])
+    ops.define(15, x, None, None, None, None, None, 0, 0, [1, 1, 1, 1, 1, 0], [], [reference.PTR, 0], [])
     with pytest.raises(RuntimeError, match="CUDA tensors; t0 is on cpu"):
-        ops.call(15, x, None, None, None, None, 0, 0)
+        ops.call(15, x, None, None, None, None, None, 0, 0)
 
 
 def test_forget_drops_every_recipe(ops):
     x = torch.randn(2, 2)
-    ops.define(16, x, None, None, None, None, 0, 0, [1, 1, 1, 1, 1, 0], [], [], [])
+    ops.define(16, x, None, None, None, None, None, 0, 0, [1, 1, 1, 1, 1, 0], [], [], [])
     assert ops.stats()[0] >= 1
     ops.forget()
-    assert ops.stats()[0] == 0 and ops.pack(16, x, None, None, None, None, 0, 0) == []
+    assert ops.stats()[0] == 0 and ops.pack(16, x, None, None, None, None, None, 0, 0) == []
 
 
 @pytest.mark.parametrize("launch, outputs, program, match", [
@@ -166,12 +167,12 @@ def test_forget_drops_every_recipe(ops):
 ])
 def test_define_refuses_a_malformed_recipe(ops, launch, outputs, program, match):
     with pytest.raises(RuntimeError, match=match):
-        ops.define(17, torch.zeros(1), None, None, None, None, 0, 0, launch, outputs, program, [])
+        ops.define(17, torch.zeros(1), None, None, None, None, None, 0, 0, launch, outputs, program, [])
 
 
 def test_define_needs_t0(ops):
     with pytest.raises(RuntimeError, match="t0"):
-        ops.define(18, None, None, None, None, None, 0, 0, [1, 1, 1, 1, 1, 0], [], [], [])
+        ops.define(18, None, None, None, None, None, None, 0, 0, [1, 1, 1, 1, 1, 0], [], [], [])
 
 
 # -- the recipe of a launch --
@@ -191,7 +192,7 @@ def test_a_recipe_maps_each_parameter_to_its_source():
            "tokens": "i32", "big": "i64", "ONE": "constexpr", "flag": "i1", "BLOCK": "constexpr"}
     descs = [{"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": [64, 16], "fp4_padded": False}]
     args = (Described(x, (64, 32)), w, y, part, counts, 4, 2**40, 1, True, 64)
-    r = recipe_of(_compiled(sig, descs), (5, 2), args, (x, w, None, None, None), [(y, True), (part, False)],
+    r = recipe_of(_compiled(sig, descs), (5, 2), args, (x, w, None, None, None, None), [(y, True), (part, False)],
                   to_host={10: 9})
     assert r.launch == [0xABC, 5, 2, 1, 8, 4096, 0]
     assert r.outputs == [6, 1, 2, 4, 4, 6, 0, 1, 3]
@@ -207,7 +208,7 @@ def test_a_recipe_maps_each_parameter_to_its_source():
     ({"launch_cooperative_grid": True}, "launch_cooperative_grid"),
 ])
 def test_a_launch_the_recipe_cannot_make_stays_in_python(change, reason):
-    r = recipe_of(_compiled({"x": "*fp32"}, **change), (1,), (torch.zeros(1),), (None,) * 5, [])
+    r = recipe_of(_compiled({"x": "*fp32"}, **change), (1,), (torch.zeros(1),), (None,) * 6, [])
     assert isinstance(r, str) and reason in r
 
 
@@ -216,28 +217,28 @@ def test_a_kernel_compiled_as_a_programmatic_dependent_launches_as_one(ops):
     launch is then cuLaunchKernelEx with programmatic stream serialization, on the GPU), and a
     launch entry other than 0 or 1 is refused by both sides."""
     x = torch.zeros(4)
-    r = recipe_of(_compiled({"x": "*fp32"}, launch_pdl=True), (3,), (x,), (x, None, None, None, None), [])
+    r = recipe_of(_compiled({"x": "*fp32"}, launch_pdl=True), (3,), (x,), (x, None, None, None, None, None), [])
     assert r.launch == [0xABC, 3, 1, 1, 8, 4096, 1]
-    got, want = _both(ops, (21, x, None, None, None, None, 0, 0, r.launch, r.outputs, r.program, r.held))
+    got, want = _both(ops, (21, x, None, None, None, None, None, 0, 0, r.launch, r.outputs, r.program, r.held))
     assert got[1].tolist() == want[1].tolist() == r.launch
     for define in (ops.define, reference.define):
         with pytest.raises(RuntimeError, match="dependent must be 0 or 1"):
-            define(22, x, None, None, None, None, 0, 0, [*r.launch[:6], 2], [], [], [])
+            define(22, x, None, None, None, None, None, 0, 0, [*r.launch[:6], 2], [], [], [])
 
 
 def test_a_recipe_names_what_it_cannot_encode():
     t = torch.zeros(1)
-    assert "parameter of type fp32" in recipe_of(_compiled({"a": "fp32"}), (1,), (1.0,), (t,) * 5, [])
-    assert "1 parameters but 2" in recipe_of(_compiled({"a": "*fp32"}), (1,), (t, t), (t,) * 5, [])
-    assert "given int" in recipe_of(_compiled({"a": "*fp32"}), (1,), (3,), (t,) * 5, [])
+    assert "parameter of type fp32" in recipe_of(_compiled({"a": "fp32"}), (1,), (1.0,), (t,) * 6, [])
+    assert "1 parameters but 2" in recipe_of(_compiled({"a": "*fp32"}), (1,), (t, t), (t,) * 6, [])
+    assert "given int" in recipe_of(_compiled({"a": "*fp32"}), (1,), (3,), (t,) * 6, [])
     assert "descriptor metadata" in recipe_of(_compiled({"a": "tensordesc<fp32[2]>"}), (1,), (Described(t, (1,)),),
-                                              (t,) * 5, [])
+                                              (t,) * 6, [])
     many = {f"a{i}": "*fp32" for i in range(17)}
-    assert "17 held" in recipe_of(_compiled(many), (1,), tuple(torch.zeros(1) for _ in range(17)), (None,) * 5, [])
+    assert "17 held" in recipe_of(_compiled(many), (1,), tuple(torch.zeros(1) for _ in range(17)), (None,) * 6, [])
     meta = _compiled({"a": "*fp32"})
     meta.metadata.num_ctas = 2
-    assert "num_ctas" in recipe_of(meta, (1,), (t,), (t,) * 5, [])
-    assert "not a compiled triton kernel" in recipe_of(object(), (1,), (t,), (t,) * 5, [])
+    assert "num_ctas" in recipe_of(meta, (1,), (t,), (t,) * 6, [])
+    assert "not a compiled triton kernel" in recipe_of(object(), (1,), (t,), (t,) * 6, [])
 
 
 # -- NativeTable: when it stays in Python --
@@ -246,7 +247,7 @@ def test_the_table_stays_in_python_when_native_launch_is_off(monkeypatch):
     monkeypatch.setenv("OPFORGE_NATIVE_LAUNCH", "0")
     monkeypatch.setattr(table, "_OPS", [])
     t = NativeTable("test.off")
-    assert t.define(None, (1,), (), (torch.zeros(1),) * 5, (0, 0), []) is False
+    assert t.define(None, (1,), (), (torch.zeros(1),) * 6, (0, 0), []) is False
     assert t.call is None and "OPFORGE_NATIVE_LAUNCH=0" in t.reason
 
 
@@ -255,7 +256,7 @@ def test_the_table_stays_in_python_when_the_loader_settles_for_the_python_varian
     monkeypatch.setattr(NativeLaunchLoader, "load", lambda self, *a, **k: SimpleNamespace(
         backend="torch", name="native_launch_python", ops=reference))
     t = NativeTable("test.python")
-    assert t.define(None, (1,), (), (torch.zeros(1),) * 5, (0, 0), []) is False
+    assert t.define(None, (1,), (), (torch.zeros(1),) * 6, (0, 0), []) is False
     assert t.call is None and "launches nothing" in t.reason
 
 
@@ -263,18 +264,18 @@ def test_the_table_binds_call_once_a_recipe_is_defined(ops, monkeypatch):
     monkeypatch.setattr(table, "_OPS", [ops, ""])
     t = NativeTable("test.bound")
     x, y = torch.zeros(2, 2), torch.zeros(2, 2)
-    assert t.define(_compiled({"x": "*fp32", "y": "*fp32"}), (1,), (x, y), (x, None, None, None, None), (3, 0),
+    assert t.define(_compiled({"x": "*fp32", "y": "*fp32"}), (1,), (x, y), (x, None, None, None, None, None), (3, 0),
                     [(y, True)]) is True
     assert t.call is not None and t.defined == 1
-    packed = t.pack((x, None, None, None, None), (3, 0))
+    packed = t.pack((x, None, None, None, None, None), (3, 0))
     assert struct.unpack_from("<Q", bytes(packed[0].tolist()), 0) == (x.data_ptr(),)
-    assert t.call(torch.zeros(2, 3), None, None, None, None, 3, 0) == []  # another shape: a miss
+    assert t.call(torch.zeros(2, 3), None, None, None, None, None, 3, 0) == []  # another shape: a miss
     t.forget()
     assert t.call is None
 
 
 def test_the_python_variant_launches_nothing():
     x = torch.zeros(2)
-    reference.define(1, x, None, None, None, None, 0, 0, [1, 1, 1, 1, 1, 0], [], [reference.PTR, 0], [])
-    assert reference.call(1, x, None, None, None, None, 0, 0) == []
-    assert len(reference.pack(1, x, None, None, None, None, 0, 0)) == 2
+    reference.define(1, x, None, None, None, None, None, 0, 0, [1, 1, 1, 1, 1, 0], [], [reference.PTR, 0], [])
+    assert reference.call(1, x, None, None, None, None, None, 0, 0) == []
+    assert len(reference.pack(1, x, None, None, None, None, None, 0, 0)) == 2

@@ -55,10 +55,10 @@ std::optional<Tensor> some(const Tensor& t) { return t.defined() ? std::optional
 
 // The native_launch replay of one launch: its outputs, or none on a miss (or without a table).
 std::vector<Tensor> replay(const std::string& ns, int64_t table, std::optional<Tensor> t0, std::optional<Tensor> t1,
-                           std::optional<Tensor> t2, std::optional<Tensor> t3, std::optional<Tensor> t4, int64_t s0,
-                           int64_t s1) {
+                           std::optional<Tensor> t2, std::optional<Tensor> t3, std::optional<Tensor> t4,
+                           std::optional<Tensor> t5, int64_t s0, int64_t s1) {
   if (table == 0 || ns.empty()) return {};
-  torch::jit::Stack s{table, t0, t1, t2, t3, t4, s0, s1};
+  torch::jit::Stack s{table, t0, t1, t2, t3, t4, t5, s0, s1};
   op(ns + "::call").callBoxed(&s);
   return s[0].toTensorVector();
 }
@@ -74,7 +74,7 @@ Tensor run_forward(const Tensor& x, const Tensor& w, const std::optional<Tensor>
                    const Tensor& cols, const Tensor& row_ptr, const Tensor& col_ptr, const Tensor& col_order,
                    int64_t out_features, int64_t tf32, const std::vector<int64_t>& tables, const std::string& ns) {
   TORCH_CHECK(tables.size() == 3, "block_sparse_autograd.linear: tables must be [forward, input grad, weight grad]");
-  std::vector<Tensor> got = replay(ns, tables[0], x, w, bias, cols, row_ptr, out_features, tf32);
+  std::vector<Tensor> got = replay(ns, tables[0], x, w, bias, cols, row_ptr, rows, out_features, tf32);
   if (!got.empty()) return got[0];
   torch::jit::Stack s{x, w, bias, rows, cols, row_ptr, col_ptr, col_order, out_features};
   op("opforge::block_sparse_mm").callBoxed(&s);
@@ -120,7 +120,8 @@ struct LinearFn : public torch::autograd::Function<LinearFn> {
       if (need_b) db = dy.sum(0);
     } else {
       if (need_x) {
-        std::vector<Tensor> got = replay(a.ns, a.tables[1], dy, w, rows, col_ptr, col_order, in_features, a.tf32);
+        std::vector<Tensor> got = replay(a.ns, a.tables[1], dy, w, rows, col_ptr, col_order, std::nullopt, in_features,
+                                         a.tf32);
         if (!got.empty()) {
           dx = got[0];
         } else {
@@ -130,7 +131,7 @@ struct LinearFn : public torch::autograd::Function<LinearFn> {
         }
       }
       if (need_w) {
-        std::vector<Tensor> got = replay(a.ns, a.tables[2], dy, x, cols, row_ptr, rows, bh << 16 | bw,
+        std::vector<Tensor> got = replay(a.ns, a.tables[2], dy, x, cols, row_ptr, rows, std::nullopt, bh << 16 | bw,
                                          2 * static_cast<int64_t>(need_b) + a.tf32);
         if (!got.empty()) {
           dw = got[0];

@@ -13,9 +13,9 @@
 // caller then takes its Python path (which plans, tunes, launches and defines the recipe).
 //
 // Ops, under -DOPFORGE_NS (default native_launch):
-//   define(int table, Tensor? t0, Tensor? t1, Tensor? t2, Tensor? t3, Tensor? t4, int s0,
+//   define(int table, Tensor? t0, Tensor? t1, Tensor? t2, Tensor? t3, Tensor? t4, Tensor? t5, int s0,
 //          int s1, int[] launch, int[] outputs, int[] program, Tensor[] held) -> ()
-//   call(<table, t0..t4, s0, s1>) -> Tensor[]    the returned outputs; [] on a miss
+//   call(<table, t0..t5, s0, s1>) -> Tensor[]    the returned outputs; [] on a miss
 //   pack(<the same>) -> Tensor[]   a dry run: [params (uint8, each at its alignment), launch
 //                                   (int64: function, grid xyz, warps, shared, dependent), *outputs];
 //                                   a TMA slot holds its encoding's inputs, not a descriptor
@@ -180,9 +180,9 @@ std::vector<int64_t> key_of(int64_t table, const OptT* in, int64_t s0, int64_t s
   return k;
 }
 
-std::vector<Tensor> run(int64_t table, OptT t0, OptT t1, OptT t2, OptT t3, OptT t4, int64_t s0, int64_t s1,
+std::vector<Tensor> run(int64_t table, OptT t0, OptT t1, OptT t2, OptT t3, OptT t4, OptT t5, int64_t s0, int64_t s1,
                         bool dry) {
-  const OptT in[kInputs] = {t0, t1, t2, t3, t4};
+  const OptT in[kInputs] = {t0, t1, t2, t3, t4, t5};
   STD_TORCH_CHECK(t0.has_value(), "native_launch: t0 (whose device the outputs take) must be a tensor");
   void* stream = nullptr;
   std::vector<int64_t> key = key_of(table, in, s0, s1, &stream);
@@ -244,10 +244,10 @@ std::vector<Tensor> run(int64_t table, OptT t0, OptT t1, OptT t2, OptT t3, OptT 
   return outs;
 }
 
-void define(int64_t table, OptT t0, OptT t1, OptT t2, OptT t3, OptT t4, int64_t s0, int64_t s1,
+void define(int64_t table, OptT t0, OptT t1, OptT t2, OptT t3, OptT t4, OptT t5, int64_t s0, int64_t s1,
             std::vector<int64_t> launch, std::vector<int64_t> outputs, std::vector<int64_t> program,
             std::vector<Tensor> held) {
-  const OptT in[kInputs] = {t0, t1, t2, t3, t4};
+  const OptT in[kInputs] = {t0, t1, t2, t3, t4, t5};
   STD_TORCH_CHECK(t0.has_value(), "native_launch.define: t0 (whose device the outputs take) must be a tensor");
   Recipe r = make_recipe(launch, outputs, program, held);
   void* stream = nullptr;
@@ -257,12 +257,12 @@ void define(int64_t table, OptT t0, OptT t1, OptT t2, OptT t3, OptT t4, int64_t 
   g_recipes.insert_or_assign(std::move(key), std::move(r));
 }
 
-std::vector<Tensor> call(int64_t table, OptT t0, OptT t1, OptT t2, OptT t3, OptT t4, int64_t s0, int64_t s1) {
-  return run(table, t0, t1, t2, t3, t4, s0, s1, false);
+std::vector<Tensor> call(int64_t table, OptT t0, OptT t1, OptT t2, OptT t3, OptT t4, OptT t5, int64_t s0, int64_t s1) {
+  return run(table, t0, t1, t2, t3, t4, t5, s0, s1, false);
 }
 
-std::vector<Tensor> pack(int64_t table, OptT t0, OptT t1, OptT t2, OptT t3, OptT t4, int64_t s0, int64_t s1) {
-  return run(table, t0, t1, t2, t3, t4, s0, s1, true);
+std::vector<Tensor> pack(int64_t table, OptT t0, OptT t1, OptT t2, OptT t3, OptT t4, OptT t5, int64_t s0, int64_t s1) {
+  return run(table, t0, t1, t2, t3, t4, t5, s0, s1, true);
 }
 
 void forget() {
@@ -278,10 +278,12 @@ std::vector<int64_t> stats() {
 }  // namespace
 
 OPFORGE_LIBRARY(OPFORGE_NS, m) {
-  m.def("define(int table, Tensor? t0, Tensor? t1, Tensor? t2, Tensor? t3, Tensor? t4, int s0, int s1, "
+  m.def("define(int table, Tensor? t0, Tensor? t1, Tensor? t2, Tensor? t3, Tensor? t4, Tensor? t5, int s0, int s1, "
         "int[] launch, int[] outputs, int[] program, Tensor[] held) -> ()");
-  m.def("call(int table, Tensor? t0, Tensor? t1, Tensor? t2, Tensor? t3, Tensor? t4, int s0, int s1) -> Tensor[]");
-  m.def("pack(int table, Tensor? t0, Tensor? t1, Tensor? t2, Tensor? t3, Tensor? t4, int s0, int s1) -> Tensor[]");
+  m.def("call(int table, Tensor? t0, Tensor? t1, Tensor? t2, Tensor? t3, Tensor? t4, Tensor? t5, int s0, "
+        "int s1) -> Tensor[]");
+  m.def("pack(int table, Tensor? t0, Tensor? t1, Tensor? t2, Tensor? t3, Tensor? t4, Tensor? t5, int s0, "
+        "int s1) -> Tensor[]");
   m.def("forget() -> ()");
   m.def("stats() -> int[]");
 }

@@ -24,7 +24,7 @@ using EncodeFn = int (*)(void* map, int dtype, uint32_t rank, void* addr, const 
 constexpr int kL2Promotion128B = 2, kInterleaveNone = 0, kOobFillNone = 0;  // triton's choices
 
 enum Slot : int64_t { kPtr = 0, kInt = 1, kTma = 3 };
-constexpr int kInputs = 5, kMaxParams = 96, kParamBytes = 4096, kMapBytes = 128;
+constexpr int kInputs = 6, kMaxParams = 96, kParamBytes = 4096, kMapBytes = 128;
 
 struct Param {
   int64_t kind, src = 0, width = 0, value = 0, rows = 0, swizzle = 0, elem_size = 0, elem_type = 0;
