@@ -1,0 +1,256 @@
+"""Probe: where a decode layer's time goes, program by program (issue 35). Since the fifteenth
+session the decode kernels' floor is measured (``decode_read_floor.py``): a bare read of the same
+bytes, launched as they are, takes 5.9 µs a layer at density 0.1 where ``_decode_kernel`` takes
+8.9-10; over the densities the kernel streams as fast as the read and loses a fixed ~3.4 µs a
+layer. Its layout search was not it (the search is gone, the time stayed). This probe times the
+steps of each program of each layer with the GPU's global timer:
+
+* ``_traced_kernel`` is ``triton_decode._decode_kernel``'s body (its helpers imported, not copied)
+  with a stamp (``%globaltimer``, ns; each stamp waits for the value it names, so it marks when
+  that value is in) at: 0 entry; 1 after ``_decode_start`` (the wait for the layer before);
+  2 the rows found (``rows`` read); 3 the first cut row's sum in (owned or head); 4 the whole rows
+  done (``launch_dependents``); 6 the earlier programs' count seen (owners); 5 the end (the owned row's
+  fix-up stored);
+* 16 rotated layers (64-blocks, random layouts, no bias), launched as the package launches them
+  (programmatic dependents, early L2 lines) with the config given, captured in one CUDA graph and
+  replayed; the stamps of the last replay are read.
+
+Per layer (the median over layers 2-15): the period (one layer's first entry to the next's), the
+span (first entry to last end), when the wait lets the programs go, and each step's median and
+slowest program; then the gap between a layer's last end and the next layer's first release.
+
+Usage::
+
+    python bench/cuda_probe/decode_trace.py [--shapes 4096x14336,14336x4096] [--densities 0.5,0.1]
+        [--tokens 1] [--waves 2] [--warps 4] [--stages 8] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from block_sparse_decode import graph_us  # noqa: E402
+
+from opforge.kernels.block_sparse import triton_sizing  # noqa: E402
+from opforge.kernels.block_sparse.layout import BlockSparseLayout  # noqa: E402
+from opforge.kernels.block_sparse.triton_decode import _decode_run, _decode_start, _decode_store  # noqa: E402
+
+STEPS = ("entry", "released", "rows found", "first cut row", "whole rows", "end")
+
+
+@triton.jit
+def _now(dep):
+    """The global timer (ns) once ``dep`` (an int32 scalar) is in."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer; // $1", "=l,r", [dep], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _traced_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, row_ptr_ptr, rows_ptr, trace_ptr, T,
+                   K_IN, N_OUT, NNZ, CHUNK, BH: tl.constexpr, BW: tl.constexpr, PRECISION: tl.constexpr,
+                   BLOCK_K: tl.constexpr, EARLY: tl.constexpr, OVERLAP: tl.constexpr, BLOCK_M: tl.constexpr,
+                   HEAD_FIRST: tl.constexpr = False, EARLY_PARTS: tl.constexpr = False):
+    p = tl.program_id(0)
+    stamps = trace_ptr + p.to(tl.int64) * 8
+    tl.store(stamps, _now(p))
+    lo = p * CHUNK
+    hi = tl.minimum(lo + CHUNK, NNZ)
+    n_rows = N_OUT // BH
+    _decode_start(w_ptr, lo, hi, BH * BW, EARLY, OVERLAP)
+    tl.store(stamps + 1, _now(p))
+    has = hi > lo
+    before = tl.load(rows_ptr + lo - 1, mask=has & (lo > 0), other=-1).to(tl.int32)
+    r_lo = tl.load(rows_ptr + lo, mask=has, other=-1).to(tl.int32)
+    r_hi = tl.load(rows_ptr + hi - 1, mask=has, other=-1).to(tl.int32)
+    after = tl.load(rows_ptr + hi, mask=has & (hi < NNZ), other=-1).to(tl.int32)
+    began = has & (before == r_lo)
+    head = has & (after == r_hi)
+    first = tl.where(began, r_lo, before + 1)
+    end = tl.where(hi >= NNZ, n_rows, r_hi + 1)
+    owned = began & ~(head & (r_hi == r_lo))
+    tl.store(stamps + 2, _now(first + end))
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_h = tl.arange(0, BH)
+    m_ok = offs_m < T
+    tile = offs_m.to(tl.int64)[:, None] * BH + offs_h[None, :]
+    mine = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
+    cut = tl.zeros((), dtype=tl.float32)
+    if owned and not HEAD_FIRST:
+        mine = _decode_run(x_ptr, w_ptr, cols_ptr, mine, lo, tl.load(row_ptr_ptr + r_lo + 1), T, K_IN, BH, BW,
+                           PRECISION, BLOCK_K, BLOCK_M)
+        cut += tl.sum(tl.sum(mine, axis=1), axis=0)
+    if head:
+        acc = _decode_run(x_ptr, w_ptr, cols_ptr, tl.zeros((BLOCK_M, BH), dtype=tl.float32),
+                          tl.maximum(tl.load(row_ptr_ptr + r_hi), lo), hi, T, K_IN, BH, BW, PRECISION, BLOCK_K,
+                          BLOCK_M)
+        cut += tl.sum(tl.sum(acc, axis=1), axis=0)
+        tl.store(part_ptr + p.to(tl.int64) * T * BH + tile, acc, mask=m_ok[:, None])
+        tl.debug_barrier()
+        tl.atomic_add(count_ptr + r_hi, 1, sem="release")
+    parts = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
+    ready = tl.zeros((), dtype=tl.int32)
+    if EARLY_PARTS:  # the earlier programs' partials of the row this one finishes, if in, before its run
+        if owned:
+            seen0 = tl.atomic_add(count_ptr + first, 0, sem="acquire")
+            if seen0 >= p - tl.load(row_ptr_ptr + r_lo) // CHUNK:
+                ready += 1
+                for q in range(tl.load(row_ptr_ptr + r_lo) // CHUNK, p):
+                    parts += tl.load(part_ptr + q * T * BH + tile, mask=m_ok[:, None], other=0.0,
+                                     cache_modifier=".cg")
+    if owned and HEAD_FIRST:  # the partial for the next program first, then the row this one finishes
+        mine = _decode_run(x_ptr, w_ptr, cols_ptr, mine, lo, tl.load(row_ptr_ptr + r_lo + 1), T, K_IN, BH, BW,
+                           PRECISION, BLOCK_K, BLOCK_M)
+        cut += tl.sum(tl.sum(mine, axis=1), axis=0)
+    tl.store(stamps + 3, _now(cut.to(tl.int32, bitcast=True)))
+    done = tl.zeros((), dtype=tl.float32)
+    for r in range(first + owned.to(tl.int32), end - head.to(tl.int32)):
+        acc = _decode_run(x_ptr, w_ptr, cols_ptr, tl.zeros((BLOCK_M, BH), dtype=tl.float32),
+                          tl.load(row_ptr_ptr + r), tl.load(row_ptr_ptr + r + 1), T, K_IN, BH, BW, PRECISION,
+                          BLOCK_K, BLOCK_M)
+        _decode_store(y_ptr, b_ptr, acc, r, T, N_OUT, BH, False, BLOCK_M)
+        done += tl.sum(tl.sum(acc, axis=1), axis=0)
+    tl.store(stamps + 4, _now(done.to(tl.int32, bitcast=True)))
+    if OVERLAP:
+        gdc_launch_dependents()
+    if owned:
+        if ready == 0:
+            q0 = tl.load(row_ptr_ptr + r_lo) // CHUNK
+            seen = tl.atomic_add(count_ptr + first, 0, sem="acquire")
+            while seen < p - q0:
+                seen = tl.atomic_add(count_ptr + first, 0, sem="acquire")
+            tl.store(stamps + 6, _now(seen))
+            for q in range(q0, p):
+                parts += tl.load(part_ptr + q * T * BH + tile, mask=m_ok[:, None], other=0.0,
+                                 cache_modifier=".cg")
+        else:
+            tl.store(stamps + 6, _now(p))
+        _decode_store(y_ptr, b_ptr, parts + mine, first, T, N_OUT, BH, False, BLOCK_M)
+        tl.atomic_xchg(count_ptr + first, 0)
+        tl.store(stamps + 5, _now(ready))
+    else:
+        tl.store(stamps + 5, _now(p))
+        tl.store(stamps + 6, _now(p))
+
+
+def trace(k_in: int, n_out: int, tokens: int, density: float, args, dev) -> dict:
+    dt, n = torch.bfloat16, args.layers
+    g = torch.Generator().manual_seed(0)
+    lays = [BlockSparseLayout.random(n_out, k_in, density, (64, 64), generator=g) for _ in range(n)]
+    idx = [lay.indices(dev) for lay in lays]
+    ws = [torch.randn(lay.nnz, 64, 64, device=dev, dtype=dt) for lay in lays]
+    x = torch.randn(tokens, k_in, device=dev, dtype=dt)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    chunks = [triton_sizing.decode_chunk(lay.nnz, args.waves, sms) for lay in lays]
+    programs = max(p for _, p in chunks)
+    ys = [torch.empty(tokens, n_out, device=dev, dtype=dt) for _ in range(n)]
+    part = torch.empty(programs, tokens, 64, device=dev)
+    counts = [torch.zeros(n_out // 64, dtype=torch.int32, device=dev) for _ in range(n)]
+    stamps = torch.zeros(n, programs, 8, dtype=torch.int64, device=dev)
+    early, overlap = triton_sizing.decode_start(dev)
+
+    def layers():
+        for i in range(n):
+            chunk, progs = chunks[i]
+            _traced_kernel[(progs,)](x, ws[i], ws[i], ys[i], part, counts[i], idx[i].cols, idx[i].row_ptr,
+                                     idx[i].rows, stamps[i], tokens, k_in, n_out, lays[i].nnz, chunk, BH=64, BW=64,
+                                     PRECISION="tf32", BLOCK_K=64, EARLY=early, OVERLAP=overlap,
+                                     BLOCK_M=max(16, triton_sizing.pow2(tokens)), num_warps=args.warps,
+                                     num_stages=args.stages, launch_pdl=overlap, HEAD_FIRST=args.head_first,
+                                     EARLY_PARTS=args.early_parts)
+    us = graph_us(layers, dev, n)
+    for i in (0, n - 1):  # the traced kernel computes what the package does
+        ref = x.float() @ lays[i].scatter(ws[i].float()).t()
+        torch.testing.assert_close(ys[i].float(), ref, atol=0.05 * ref.abs().max().item(), rtol=0.02)
+    s = stamps.cpu()
+    rows = []
+    for i in range(2, n - 1):
+        progs = chunks[i][1]
+        t = s[i, :progs, :6].double()
+        t0 = t[:, 0].min()
+        nxt = s[i + 1, :chunks[i + 1][1], :6].double()
+        rows.append({
+            "period": (nxt[:, 0].min() - t0).item(),
+            "span": (t[:, 5].max() - t0).item(),
+            "steps_median": [(t[:, k] - t[:, k - 1]).median().item() for k in range(1, 6)],
+            "steps_max": [(t[:, k] - t[:, k - 1]).max().item() for k in range(1, 6)],
+            "at_median": [(t[:, k] - t0).median().item() for k in range(6)],
+            "at_max": [(t[:, k] - t0).max().item() for k in range(6)],
+            "next_entry": (nxt[:, 0].min() - t0).item(),
+            "next_released": (nxt[:, 1].min() - t[:, 5].max()).item(),
+            "owner_wait": (s[i, :progs, 6].double() - t[:, 4]).median().item(),
+            "owner_loads": (t[:, 5] - s[i, :progs, 6].double()).median().item(),
+        })
+
+    def med(key, j=None):
+        vals = sorted(r[key] if j is None else r[key][j] for r in rows)
+        return vals[len(vals) // 2] / 1000.0
+
+    out = {"in": k_in, "out": n_out, "tokens": tokens, "density": density, "graph_us": us, "programs": programs,
+           "chunk": chunks[0][0], "period_us": med("period"), "span_us": med("span"),
+           "next_released_after_end_us": med("next_released"), "owner_wait_us": med("owner_wait"),
+           "owner_loads_us": med("owner_loads"),
+           "at_median_us": [med("at_median", k) for k in range(6)], "at_max_us": [med("at_max", k) for k in range(6)],
+           "step_median_us": [med("steps_median", k) for k in range(5)],
+           "step_max_us": [med("steps_max", k) for k in range(5)],
+           "timer_grain_ns": _grain((s[2:, :, :6] - s[2, 0, 0]).flatten()[:4096].tolist())}
+    return out
+
+
+def _grain(values: list) -> int:
+    """The timer's step (ns): the gcd of the stamps' differences (1000 on GPUs whose timer ticks by
+    the microsecond, where the steps below say little)."""
+    g = 0
+    for v in values:
+        g = math.gcd(g, abs(int(v)))
+    return g
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="4096x14336,14336x4096")
+    ap.add_argument("--densities", default="0.5,0.1")
+    ap.add_argument("--tokens", default="1")
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--waves", type=int, default=2)
+    ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--stages", type=int, default=8)
+    ap.add_argument("--head-first", action="store_true",
+                    help="each program sums the row it hands on (head) before the row it finishes (owned)")
+    ap.add_argument("--early-parts", action="store_true",
+                    help="an owner takes the earlier programs' partials before its own run of the row if they are "
+                         "in by then (one look at the count), else at its end as now")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    res = {"device": torch.cuda.get_device_name(), "config": vars(args), "rows": []}
+    print(f"{res['device']}; µs from the layer's first entry: median program / slowest, at {', '.join(STEPS)}")
+    for shape in args.shapes.split(","):
+        k_in, n_out = map(int, shape.split("x"))
+        for t in map(int, args.tokens.split(",")):
+            for d in map(float, args.densities.split(",")):
+                r = trace(k_in, n_out, t, d, args, dev)
+                res["rows"].append(r)
+                print(f"{k_in}->{n_out} T={t} d={d}: graph {r['graph_us']:.1f} us/layer, period {r['period_us']:.2f}, "
+                      f"span {r['span_us']:.2f}, {r['programs']} programs of {r['chunk']} blocks; at "
+                      + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(r["at_median_us"], r["at_max_us"]))
+                      + f"; fix-up: count seen {r['owner_wait_us']:.2f} after the whole rows, the row stored "
+                      f"{r['owner_loads_us']:.2f} after that (median program)"
+                      + f"; next layer released {r['next_released_after_end_us']:.2f} after the last end; "
+                      f"timer grain {r['timer_grain_ns']} ns", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
