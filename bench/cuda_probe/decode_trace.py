@@ -10,7 +10,8 @@ steps of each program of each layer with the GPU's global timer:
   that value is in) at: 0 entry; 1 after ``_decode_start`` (the wait for the layer before);
   2 the rows found (``rows`` read); 3 the first cut row's sum in (owned or head); 4 the whole rows
   done (``launch_dependents``); 6 the earlier programs' count seen (owners); 5 the end (the owned row's
-  fix-up stored);
+  fix-up stored); ``--head-first``, ``--early-parts`` and ``--last-sums`` change how cut rows are
+  finished (the package's kernel is head first since this probe);
 * 16 rotated layers (64-blocks, random layouts, no bias), launched as the package launches them
   (programmatic dependents, early L2 lines) with the config given, captured in one CUDA graph and
   replayed; the stamps of the last replay are read.
@@ -22,7 +23,9 @@ slowest program; then the gap between a layer's last end and the next layer's fi
 Usage::
 
     python bench/cuda_probe/decode_trace.py [--shapes 4096x14336,14336x4096] [--densities 0.5,0.1]
-        [--tokens 1] [--waves 2] [--warps 4] [--stages 8] [--json FILE]
+        [--tokens 1] [--waves 2] [--warps 4] [--stages 8] [--head-first] [--early-parts] [--last-sums]
+        [--json FILE]
+    TRITON_INTERPRET=1 python bench/cuda_probe/decode_trace.py --check   # the kernel against dense, CPU
 """
 
 from __future__ import annotations
@@ -48,19 +51,28 @@ from opforge.kernels.block_sparse.triton_decode import _decode_run, _decode_star
 STEPS = ("entry", "released", "rows found", "first cut row", "whole rows", "end")
 
 
+STAMP = os.environ.get("TRITON_INTERPRET") != "1"  # --check runs in triton's interpreter: no timer there
+
+
 @triton.jit
-def _now(dep):
-    """The global timer (ns) once ``dep`` (an int32 scalar) is in."""
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer; // $1", "=l,r", [dep], dtype=tl.int64,
-                                     is_pure=False, pack=1)
+def _now(dep, ON: tl.constexpr = STAMP):
+    """The global timer (ns) once ``dep`` (an int32 scalar) is in (0 in the interpreter)."""
+    if ON:
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer; // $1", "=l,r", [dep], dtype=tl.int64,
+                                         is_pure=False, pack=1)
+    else:
+        return dep.to(tl.int64) * 0
 
 
 @triton.jit
 def _traced_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, row_ptr_ptr, rows_ptr, trace_ptr, T,
                    K_IN, N_OUT, NNZ, CHUNK, BH: tl.constexpr, BW: tl.constexpr, PRECISION: tl.constexpr,
                    BLOCK_K: tl.constexpr, EARLY: tl.constexpr, OVERLAP: tl.constexpr, BLOCK_M: tl.constexpr,
-                   HEAD_FIRST: tl.constexpr = False, EARLY_PARTS: tl.constexpr = False):
+                   HEAD_FIRST: tl.constexpr = False, EARLY_PARTS: tl.constexpr = False,
+                   LAST_SUMS: tl.constexpr = False, REVERSE: tl.constexpr = False):
     p = tl.program_id(0)
+    if REVERSE:  # --check with --last-sums: the interpreter runs programs in order; this makes the last to count in another
+        p = tl.num_programs(0) - 1 - p
     stamps = trace_ptr + p.to(tl.int64) * 8
     tl.store(stamps, _now(p))
     lo = p * CHUNK
@@ -94,9 +106,13 @@ def _traced_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, ro
                           tl.maximum(tl.load(row_ptr_ptr + r_hi), lo), hi, T, K_IN, BH, BW, PRECISION, BLOCK_K,
                           BLOCK_M)
         cut += tl.sum(tl.sum(acc, axis=1), axis=0)
-        tl.store(part_ptr + p.to(tl.int64) * T * BH + tile, acc, mask=m_ok[:, None])
-        tl.debug_barrier()
-        tl.atomic_add(count_ptr + r_hi, 1, sem="release")
+        if LAST_SUMS:
+            _hand_in(part_ptr, count_ptr, y_ptr, acc, 2 * p, r_hi, tl.load(row_ptr_ptr + r_hi) // CHUNK,
+                     (tl.load(row_ptr_ptr + r_hi + 1) - 1) // CHUNK, p, T, N_OUT, tile, m_ok, BH, BLOCK_M)
+        else:
+            tl.store(part_ptr + p.to(tl.int64) * T * BH + tile, acc, mask=m_ok[:, None])
+            tl.debug_barrier()
+            tl.atomic_add(count_ptr + r_hi, 1, sem="release")
     parts = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
     ready = tl.zeros((), dtype=tl.int32)
     if EARLY_PARTS:  # the earlier programs' partials of the row this one finishes, if in, before its run
@@ -122,7 +138,12 @@ def _traced_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, ro
     tl.store(stamps + 4, _now(done.to(tl.int32, bitcast=True)))
     if OVERLAP:
         gdc_launch_dependents()
-    if owned:
+    if owned and LAST_SUMS:
+        old = _hand_in(part_ptr, count_ptr, y_ptr, mine, 2 * p + 1, r_lo, tl.load(row_ptr_ptr + r_lo) // CHUNK, p, p,
+                       T, N_OUT, tile, m_ok, BH, BLOCK_M)
+        tl.store(stamps + 6, _now(old))
+        tl.store(stamps + 5, _now(old))
+    elif owned:
         if ready == 0:
             q0 = tl.load(row_ptr_ptr + r_lo) // CHUNK
             seen = tl.atomic_add(count_ptr + first, 0, sem="acquire")
@@ -142,6 +163,27 @@ def _traced_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, ro
         tl.store(stamps + 6, _now(p))
 
 
+@triton.jit
+def _hand_in(part_ptr, count_ptr, y_ptr, own, slot, r, q0, q1, p, T, N_OUT, tile, m_ok, BH: tl.constexpr,
+             BLOCK_M: tl.constexpr):
+    """``--last-sums``: program ``p``'s partial ``own`` of cut row ``r`` (programs ``q0``..``q1`` hold its
+    blocks) goes to slot ``slot`` and ``p`` counts itself in; the program that counts in last sums the
+    row in program order (program q's partial in slot 2 q, the last one's, which finishes the row, in
+    slot 2 q1 + 1) and stores it, so no program waits for another. The count ``p`` saw."""
+    tl.store(part_ptr + slot.to(tl.int64) * T * BH + tile, own, mask=m_ok[:, None])
+    tl.debug_barrier()  # every thread's partial is stored before the count says so
+    old = tl.atomic_add(count_ptr + r, 1, sem="acq_rel")
+    if old == q1 - q0:
+        acc = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
+        for q in range(q0, q1 + 1):
+            at = tl.where(q < q1, 2 * q, 2 * q1 + 1).to(tl.int64)
+            v = tl.load(part_ptr + at * T * BH + tile, mask=m_ok[:, None] & (q != p), other=0.0, cache_modifier=".cg")
+            acc += tl.where(q == p, own, v)
+        _decode_store(y_ptr, y_ptr, acc, r, T, N_OUT, BH, False, BLOCK_M)
+        tl.atomic_xchg(count_ptr + r, 0)
+    return old
+
+
 def trace(k_in: int, n_out: int, tokens: int, density: float, args, dev) -> dict:
     dt, n = torch.bfloat16, args.layers
     g = torch.Generator().manual_seed(0)
@@ -153,7 +195,7 @@ def trace(k_in: int, n_out: int, tokens: int, density: float, args, dev) -> dict
     chunks = [triton_sizing.decode_chunk(lay.nnz, args.waves, sms) for lay in lays]
     programs = max(p for _, p in chunks)
     ys = [torch.empty(tokens, n_out, device=dev, dtype=dt) for _ in range(n)]
-    part = torch.empty(programs, tokens, 64, device=dev)
+    part = torch.empty(2 * programs, tokens, 64, device=dev)  # --last-sums: two slots a program
     counts = [torch.zeros(n_out // 64, dtype=torch.int32, device=dev) for _ in range(n)]
     stamps = torch.zeros(n, programs, 8, dtype=torch.int64, device=dev)
     early, overlap = triton_sizing.decode_start(dev)
@@ -166,7 +208,7 @@ def trace(k_in: int, n_out: int, tokens: int, density: float, args, dev) -> dict
                                      PRECISION="tf32", BLOCK_K=64, EARLY=early, OVERLAP=overlap,
                                      BLOCK_M=max(16, triton_sizing.pow2(tokens)), num_warps=args.warps,
                                      num_stages=args.stages, launch_pdl=overlap, HEAD_FIRST=args.head_first,
-                                     EARLY_PARTS=args.early_parts)
+                                     EARLY_PARTS=args.early_parts, LAST_SUMS=args.last_sums)
     us = graph_us(layers, dev, n)
     for i in (0, n - 1):  # the traced kernel computes what the package does
         ref = x.float() @ lays[i].scatter(ws[i].float()).t()
@@ -215,6 +257,42 @@ def _grain(values: list) -> int:
     return g
 
 
+def check(seed: int = 0, layouts: int = 12) -> None:
+    """``--check`` (``TRITON_INTERPRET=1``, on the CPU): the traced kernel in each way of finishing cut
+    rows against fp64 dense, on tiny random layouts (empty rows, full rows, an empty layout) with
+    every run length."""
+    g = torch.Generator().manual_seed(seed)
+    bad = 0
+    for i in range(layouts):
+        grid = (int(torch.randint(1, 6, (1,), generator=g)), int(torch.randint(1, 5, (1,), generator=g)))
+        mask = torch.rand(grid, generator=g) < (0.0 if i == 0 else torch.rand(1, generator=g).item())
+        lay = BlockSparseLayout(mask, (16, 16))
+        idx, (n_out, k_in) = lay.indices(), lay.shape
+        tokens = int(torch.randint(1, 4, (1,), generator=g))
+        x = torch.randn(tokens, k_in, generator=g)
+        w = torch.randn(lay.nnz, 16, 16, generator=g)
+        ref = x.double() @ lay.scatter(w.double()).t()
+        for chunk in range(1, lay.nnz + 2):
+            programs = max(1, -(-lay.nnz // chunk))
+            for head_first, last_sums, reverse in ((False, False, False), (True, False, False), (True, True, False),
+                                                   (True, True, True)):
+                y = torch.full((tokens, n_out), float("nan"))
+                part = torch.full((2 * programs, tokens, 16), float("nan"))
+                counts = torch.zeros(grid[0], dtype=torch.int32)
+                stamps = torch.zeros(programs, 8, dtype=torch.int64)
+                _traced_kernel[(programs,)](x, w, w, y, part, counts, idx.cols, idx.row_ptr, idx.rows, stamps, tokens,
+                                            k_in, n_out, lay.nnz, chunk, BH=16, BW=16, PRECISION="ieee", BLOCK_K=16,
+                                            EARLY=0, OVERLAP=False, BLOCK_M=16, HEAD_FIRST=head_first,
+                                            LAST_SUMS=last_sums, REVERSE=reverse)
+                err = (y.double() - ref).abs().max().item() if y.numel() else 0.0
+                if not err <= 1e-4 * max(1.0, ref.abs().max().item()) or counts.any():
+                    bad += 1
+                    print(f"layout {i} {mask.int().tolist()} chunk {chunk} head_first {head_first} last_sums "
+                          f"{last_sums} reverse {reverse}: err {err}, counts {counts.tolist()}")
+    print(f"{'ok' if not bad else f'{bad} bad'}: {layouts} layouts, every run length, three ways (the last also with "
+          "the programs run last to first)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="4096x14336,14336x4096")
@@ -229,8 +307,15 @@ def main() -> None:
     ap.add_argument("--early-parts", action="store_true",
                     help="an owner takes the earlier programs' partials before its own run of the row if they are "
                          "in by then (one look at the count), else at its end as now")
+    ap.add_argument("--last-sums", action="store_true",
+                    help="with --head-first: each program hands in its partials of its cut rows and counts itself in; "
+                         "the last to count in sums the row (no program waits for another)")
     ap.add_argument("--json")
+    ap.add_argument("--check", action="store_true",
+                    help="the kernel against dense on the CPU (run with TRITON_INTERPRET=1), no timing")
     args = ap.parse_args()
+    if args.check:
+        return check()
     dev = torch.device("cuda")
     res = {"device": torch.cuda.get_device_name(), "config": vars(args), "rows": []}
     print(f"{res['device']}; µs from the layer's first entry: median program / slowest, at {', '.join(STEPS)}")
