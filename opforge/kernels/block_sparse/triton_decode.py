@@ -46,9 +46,9 @@ def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, ro
     hi = tl.minimum(lo + CHUNK, NNZ)
     n_rows = N_OUT // BH
     _decode_start(w_ptr, lo, hi, BH * BW, EARLY, OVERLAP)
-    # the rows owned, from the block-rows of the blocks at the run's two ends (``rows``): a program
-    # reads two lines of its own, where a search of row_ptr had every program read the same lines
-    # at once, which cost a decode layer 1-4 us on an H100 (docs/benchmarks.md, issue 35)
+    # the rows owned, from the block-rows of the blocks at the run's two ends (``rows``): two lines
+    # of the program's own, O(1), where a search had every program read all of row_ptr, O(rows) (on
+    # the issue's layers, as fast: docs/benchmarks.md, issue 35, fifteenth session)
     has = hi > lo  # False only in a layout with no blocks: one program, which owns every row
     before = tl.load(rows_ptr + lo - 1, mask=has & (lo > 0), other=-1).to(tl.int32)  # block lo - 1's row
     r_lo = tl.load(rows_ptr + lo, mask=has, other=-1).to(tl.int32)
