@@ -98,7 +98,8 @@ def forward(x, w, bias, rows, cols, row_ptr, out_features: int):
             return got[0]
     key = (x.shape, w.shape, out_features, x.dtype, w.dtype, None if bias is None else bias.dtype, x.device,
            x.data_ptr() % 16, w.data_ptr() % 16, None if bias is None else bias.data_ptr() % 16,
-           cols.data_ptr() % 16, row_ptr.data_ptr() % 16, x.is_contiguous(), w.is_contiguous(), tf32)
+           cols.data_ptr() % 16, row_ptr.data_ptr() % 16, rows.data_ptr() % 16, x.is_contiguous(), w.is_contiguous(),
+           tf32)  # each pointer's 16-byte alignment: triton specializes a kernel on it (rows: the decode kernel's)
     plan = _FWD.get(key)
     if plan is None:
         plan = _keep(_FWD, key, _forward_plan(x, w, bias, cols, row_ptr, rows, out_features))
