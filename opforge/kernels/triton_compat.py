@@ -19,10 +19,15 @@ try:
         from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
     except ImportError:
         gdc_launch_dependents = gdc_wait = None
+    # kernels run in triton's interpreter (TRITON_INTERPRET=1, read by triton when it decorates them):
+    # one program after another, in order, so a kernel must not wait for a later program there
+    INTERPRETED = tl.constexpr(bool(getattr(getattr(getattr(triton, "knobs", None), "runtime", None), "interpret",
+                                            False)))
 except ImportError:
     triton = tl = TensorDescriptor = gdc_launch_dependents = gdc_wait = None
+    INTERPRETED = False
 
     def jit(fn):
         return fn
 
-__all__ = ["TensorDescriptor", "gdc_launch_dependents", "gdc_wait", "jit", "tl", "triton"]
+__all__ = ["INTERPRETED", "TensorDescriptor", "gdc_launch_dependents", "gdc_wait", "jit", "tl", "triton"]

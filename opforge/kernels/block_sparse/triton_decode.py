@@ -10,13 +10,15 @@ before they read or write anything but L2 prefetches (``_decode_start``)."""
 
 from __future__ import annotations
 
-from ..triton_compat import gdc_launch_dependents, gdc_wait, jit, tl
+from ..triton_compat import INTERPRETED, gdc_launch_dependents, gdc_wait, jit, tl
 
 
 @jit
-def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, row_ptr_ptr, rows_ptr, T, K_IN, N_OUT, NNZ,
-                   CHUNK, BH: tl.constexpr, BW: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
-                   BLOCK_K: tl.constexpr, EARLY: tl.constexpr, OVERLAP: tl.constexpr, BLOCK_M: tl.constexpr, WAVES):
+def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, row_ptr_ptr, rows_ptr, T, K_IN, N_OUT,
+                   NNZ, CHUNK,
+                   BH: tl.constexpr, BW: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+                   BLOCK_K: tl.constexpr, EARLY: tl.constexpr, OVERLAP: tl.constexpr, BLOCK_M: tl.constexpr, WAVES,
+                   FLAT: tl.constexpr):
     """The forward at decode sizes (all T tokens in one tile of BLOCK_M rows): program ``p`` takes
     the kept blocks ``p * CHUNK`` to ``(p + 1) * CHUNK`` of the row-major list, whichever block-rows
     they belong to, so every program streams the same bytes of ``w`` however the rows' lengths vary
@@ -24,28 +26,44 @@ def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, ro
 
     A program owns the block-rows its blocks belong to, and the empty ones that start inside its
     range (the last program: also those after the last block); it tells them from ``rows`` (each
-    block's block-row) at the two ends of its range. A row wholly inside the range is
-    stored at once (plus the bias). Only the first and the last row can be cut by the range:
-    * the last, if it goes on past the range: the program sums its blocks of it first, stores the
-      fp32 partial in ``part`` slot ``p`` and counts itself in ``count[row]`` (int32, zero between
-      launches) without waiting for the count (first: the later program waits for it at its end;
-      0.1-0.6 us a layer faster than second on an H100, ``bench/cuda_probe/decode_trace.py``);
-    * the first, if it began before the range and ends inside it, is the program's to finish: it
-      sums its own blocks of the row next and keeps the sum;
-    * the rows in between; then, for the first row, the program waits until the row's earlier
-      programs have all counted themselves, adds their partials in program order (deterministic)
-      and the bias, stores the row and sets the count back to zero.
-    No round trip in the middle of a run, and the one wait is at the end, when the programs that
-    started with it are done. A program waits only on programs numbered below it, which start no
-    later than it does (blocks are dispatched in order, as serial split-K relies on).
+    block's block-row) at the two ends of its range. A row wholly inside the range is stored at
+    once (plus the bias). Only the first and the last row can be cut by the range:
+    * the last (head), if it goes on past the range: the program sums its blocks of it first and
+      stores the fp32 partial in slot ``p`` of ``part`` (int32 bits; empty slots hold
+      ``SLOT_EMPTY``, a NaN no arithmetic makes);
+    * the first, if it began before the range and ends inside it, is the program's to finish
+      (owned): it sums its own blocks of the row last, then takes the earlier programs' slots of the
+      row in program order, adds them in that order (deterministic) and the bias, stores the row
+      and empties the slots.
+    How the owner knows the slots are in (``COUNTED``, from the token tile):
+    * a tile of 16 tokens: by the slots themselves. It reads each from L2, again (after a pause)
+      while any element is still empty. One trip when they are in, no atomics, no fences, each
+      4-byte element its own signal: at T=1, 0.9 us a layer faster than a count and then the
+      partials (4096->14336 d=0.1, H100, ``bench/cuda_probe/decode_flat.py``'s ``count``);
+    * larger tiles: a count, as before the slots. ``part`` is then fresh fp32 memory, and the head's
+      program counts itself in ``count[row]`` (int32, zero between launches; release) once its
+      partial is stored; the owner reads the count (acquire) until all are in, then the partials
+      (``.cg``), and sets the count back to zero. The slots were 1-2 us a layer slower there (14336->4096
+      T=64, H200: 26.2 against 24.2 at d=0.5), and a run walked flat is not offered.
+    A program waits only on programs numbered below it, which start no later than it does (blocks
+    are dispatched in order, as serial split-K relies on).
+
+    ``FLAT`` (tuned): the run's blocks in one pipelined loop, last block first, the sum flushed where
+    the block-row changes (``_decode_walk``); else a loop per row (head, owned, each whole row), each
+    filling triton's pipeline anew and draining it at the row's end. Flat is faster where a run
+    crosses rows (4096->14336 at T=1 on an H100: 7.2 against 8.5 us a layer at d=0.1), the loops
+    per row where rows are long (14336->4096).
 
     ``EARLY``, ``OVERLAP``: how the program starts (``_decode_start``), and whether it lets the next
-    launch start once its blocks are read."""
+    launch start once its blocks are read. ``EARLY`` > 0 also means a CUDA device (PTX): an owner
+    whose slots are not all in sleeps a little before it reads them again."""
+    COUNTED: tl.constexpr = BLOCK_M > 16
+    WALK: tl.constexpr = FLAT and BLOCK_M <= 16
     p = tl.program_id(0)
     lo = p * CHUNK
     hi = tl.minimum(lo + CHUNK, NNZ)
     n_rows = N_OUT // BH
-    _decode_start(w_ptr, lo, hi, BH * BW, EARLY, OVERLAP)
+    _decode_start(w_ptr, lo, hi, BH * BW, EARLY, OVERLAP, FLAT)
     # the rows owned, from the block-rows of the blocks at the run's two ends (``rows``): two lines
     # of the program's own, O(1), where a search had every program read all of row_ptr, O(rows) (on
     # the issue's layers, as fast: docs/benchmarks.md, issue 35, fifteenth session)
@@ -59,47 +77,115 @@ def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, ro
     first = tl.where(began, r_lo, before + 1)  # empty rows between two programs' blocks: the later one's
     end = tl.where(hi >= NNZ, n_rows, r_hi + 1)
     owned = began & ~(head & (r_hi == r_lo))  # the first row began before the run and ends in it
+    q0 = tl.load(row_ptr_ptr + r_lo, mask=owned, other=0).to(tl.int32) // CHUNK  # the owned row's first program
     offs_m = tl.arange(0, BLOCK_M)
     offs_h = tl.arange(0, BH)
     m_ok = offs_m < T
     tile = offs_m.to(tl.int64)[:, None] * BH + offs_h[None, :]
-    if head:  # first, so the program that finishes the row has the partial as early as can be
-        acc = _decode_run(x_ptr, w_ptr, cols_ptr, tl.zeros((BLOCK_M, BH), dtype=tl.float32),
-                          tl.maximum(tl.load(row_ptr_ptr + r_hi), lo), hi, T, K_IN, BH, BW, PRECISION, BLOCK_K,
-                          BLOCK_M)
-        tl.store(part_ptr + p.to(tl.int64) * T * BH + tile, acc, mask=m_ok[:, None])
-        tl.debug_barrier()  # every thread's partial is stored before the count says so
-        tl.atomic_add(count_ptr + r_hi, 1, sem="release")
-    mine = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
-    if owned:
-        mine = _decode_run(x_ptr, w_ptr, cols_ptr, mine, lo, tl.load(row_ptr_ptr + r_lo + 1), T, K_IN, BH, BW,
-                           PRECISION, BLOCK_K, BLOCK_M)
-    for r in range(first + owned.to(tl.int32), end - head.to(tl.int32)):
-        acc = _decode_run(x_ptr, w_ptr, cols_ptr, tl.zeros((BLOCK_M, BH), dtype=tl.float32),
-                          tl.load(row_ptr_ptr + r), tl.load(row_ptr_ptr + r + 1), T, K_IN, BH, BW, PRECISION,
-                          BLOCK_K, BLOCK_M)
-        _decode_store(y_ptr, b_ptr, acc, r, T, N_OUT, BH, HAS_BIAS, BLOCK_M)
+    slot = part_ptr + p.to(tl.int64) * T * BH + tile
+    if WALK:
+        mine = _decode_walk(x_ptr, w_ptr, b_ptr, y_ptr, slot, cols_ptr, row_ptr_ptr, rows_ptr, lo, hi, first, end,
+                            r_lo, r_hi, head, owned, T, K_IN, N_OUT, BH, BW, HAS_BIAS, PRECISION, BLOCK_K, BLOCK_M)
+    else:
+        if head:  # first, so the program that finishes the row has the partial as early as can be
+            acc = _decode_run(x_ptr, w_ptr, cols_ptr, tl.zeros((BLOCK_M, BH), dtype=tl.float32),
+                              tl.maximum(tl.load(row_ptr_ptr + r_hi), lo), hi, T, K_IN, BH, BW, PRECISION, BLOCK_K,
+                              BLOCK_M)
+            tl.store(slot, acc if COUNTED else acc.to(tl.int32, bitcast=True), mask=m_ok[:, None])
+        if COUNTED:
+            if head:
+                tl.debug_barrier()  # every thread's partial is stored before the count says so
+                tl.atomic_add(count_ptr + r_hi, 1, sem="release")
+        mine = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
+        if owned:
+            mine = _decode_run(x_ptr, w_ptr, cols_ptr, mine, lo, tl.load(row_ptr_ptr + r_lo + 1), T, K_IN, BH, BW,
+                               PRECISION, BLOCK_K, BLOCK_M)
+        for r in range(first + owned.to(tl.int32), end - head.to(tl.int32)):
+            acc = _decode_run(x_ptr, w_ptr, cols_ptr, tl.zeros((BLOCK_M, BH), dtype=tl.float32),
+                              tl.load(row_ptr_ptr + r), tl.load(row_ptr_ptr + r + 1), T, K_IN, BH, BW, PRECISION,
+                              BLOCK_K, BLOCK_M)
+            _decode_store(y_ptr, b_ptr, acc, r, T, N_OUT, BH, HAS_BIAS, BLOCK_M)
     if OVERLAP:
         gdc_launch_dependents()  # this program's blocks are read: the next launch may start its own
-    if owned:
-        q0 = tl.load(row_ptr_ptr + r_lo) // CHUNK
-        seen = tl.atomic_add(count_ptr + first, 0, sem="acquire")
-        while seen < p - q0:  # they counted themselves early in their runs: rarely waits
+    if owned and COUNTED:
+        if not INTERPRETED:  # there the programs run in order: a count not in now never will be
             seen = tl.atomic_add(count_ptr + first, 0, sem="acquire")
+            while seen < p - q0:  # they counted themselves early in their runs: rarely waits
+                seen = tl.atomic_add(count_ptr + first, 0, sem="acquire")
         acc = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
         for q in range(q0, p):
-            acc += tl.load(part_ptr + q * T * BH + tile, mask=m_ok[:, None], other=0.0,
-                           cache_modifier=".cg")  # slots * T * BH fits int32 (a few MB of partials)
+            acc += tl.load(part_ptr + q * T * BH + tile, mask=m_ok[:, None], other=0.0, cache_modifier=".cg")
         _decode_store(y_ptr, b_ptr, acc + mine, first, T, N_OUT, BH, HAS_BIAS, BLOCK_M)
         tl.atomic_xchg(count_ptr + first, 0)
+    elif owned:
+        acc = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
+        for q in range(q0, p):  # program order; slots * T * BH fits int32 (a few MB of partials)
+            at = part_ptr + q * T * BH + tile
+            got = tl.load(at, mask=m_ok[:, None], other=0, volatile=True)
+            if not INTERPRETED:  # there the programs run in order: a slot empty now stays so (and reads as NaN)
+                while tl.sum(tl.sum((got == -1).to(tl.int32), axis=1), axis=0) > 0:  # -1: SLOT_EMPTY; rare
+                    if EARLY > 0:  # a pause between looks
+                        tl.inline_asm_elementwise("nanosleep.u32 200; // $0 $1", "=r,r", [q],
+                                                  dtype=tl.int32, is_pure=False, pack=1)
+                    got = tl.load(at, mask=m_ok[:, None], other=0, volatile=True)
+            acc += got.to(tl.float32, bitcast=True)
+            # every thread has its elements (the sum above went through them all): empty the slot
+            tl.store(at, tl.full((BLOCK_M, BH), -1, tl.int32), mask=m_ok[:, None])
+        _decode_store(y_ptr, b_ptr, acc + mine, first, T, N_OUT, BH, HAS_BIAS, BLOCK_M)
 
 
 @jit
-def _decode_start(w_ptr, lo, hi, BLOCK: tl.constexpr, EARLY: tl.constexpr, OVERLAP: tl.constexpr):
+def _decode_walk(x_ptr, w_ptr, b_ptr, y_ptr, slot, cols_ptr, row_ptr_ptr, rows_ptr, lo, hi, first, end, r_lo, r_hi,
+                 head, owned, T, K_IN, N_OUT, BH: tl.constexpr, BW: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 PRECISION: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr):
+    """``_decode_kernel``'s run in one loop (``FLAT``): blocks ``hi - 1`` down to ``lo``, so the head
+    row comes first; where the next block walked is in another row (``rows``), the row's sum is
+    flushed: the head's to the program's ``slot``, a whole row's to y with its bias, the owned row's
+    (the last walked) returned. Then the program's empty rows, if the walk met fewer rows than it
+    owns. The flush is under a branch: as masked stores every block it cost a layout conversion a
+    block (slower at T=64), and an atomic under it would stop the pipelining (no cp.async left)."""
+    KSTEPS: tl.constexpr = BW // BLOCK_K
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_h = tl.arange(0, BH)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < T
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * K_IN
+    acc = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
+    met = 0
+    for it in range(0, (hi - lo) * KSTEPS):
+        kb = hi - 1 - it // KSTEPS
+        kk = (it % KSTEPS) * BLOCK_K
+        wt = tl.load(w_ptr + kb.to(tl.int64) * (BH * BW) + (kk + offs_k)[:, None] + offs_h[None, :] * BW)
+        c = tl.load(cols_ptr + kb)
+        xt = tl.load(x_rows + (c * BW + kk + offs_k)[None, :], mask=m_ok[:, None], other=0.0)
+        acc = tl.dot(xt, wt, acc, input_precision=PRECISION)
+        r = tl.load(rows_ptr + kb).to(tl.int32)
+        walked_next = tl.load(rows_ptr + kb - 1, mask=kb > lo, other=-1).to(tl.int32)
+        if ((it % KSTEPS) == KSTEPS - 1) & (walked_next != r):  # the row's last block in this run
+            is_owned = owned & (r == r_lo)
+            if head & (r == r_hi):
+                tl.store(slot, acc.to(tl.int32, bitcast=True), mask=m_ok[:, None])
+            elif not is_owned:
+                _decode_store(y_ptr, b_ptr, acc, r, T, N_OUT, BH, HAS_BIAS, BLOCK_M)
+            met += 1
+            if not is_owned:
+                acc = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
+    if met < end - first:  # empty rows among the program's own (rare): the bias alone
+        for r in range(first, end):
+            if tl.load(row_ptr_ptr + r) == tl.load(row_ptr_ptr + r + 1):
+                _decode_store(y_ptr, b_ptr, tl.zeros((BLOCK_M, BH), dtype=tl.float32), r, T, N_OUT, BH, HAS_BIAS,
+                              BLOCK_M)
+    return acc
+
+
+@jit
+def _decode_start(w_ptr, lo, hi, BLOCK: tl.constexpr, EARLY: tl.constexpr, OVERLAP: tl.constexpr,
+                  FROM_END: tl.constexpr = False):
     """A decode program's first steps, before it reads the layout.
 
     ``EARLY`` > 0: the first ``EARLY`` 128-byte lines of the program's own blocks (from block ``lo``,
-    short of block ``hi``) are asked into L2 at once (``prefetch.global.L2``, a line a thread), so
+    short of block ``hi``; ``FROM_END``: the last lines, back from block ``hi``, for a program that
+    walks its blocks last first) are asked into L2 at once (``prefetch.global.L2``, a line a thread), so
     the weight stream starts while the layout is searched instead of after it. A prefetch reads no
     data into the program: an in-place write by the kernel before this one still lands in L2 first
     (L2 is where the GPU's writes meet), so it is safe before the wait below too.
@@ -112,9 +198,12 @@ def _decode_start(w_ptr, lo, hi, BLOCK: tl.constexpr, EARLY: tl.constexpr, OVERL
         if hi > lo:
             per_line: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth  # elements a line
             lines = tl.minimum(tl.arange(0, EARLY), (hi - lo) * (BLOCK // per_line) - 1)
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l",
-                                      [w_ptr + lo.to(tl.int64) * BLOCK + lines * per_line], dtype=tl.int32,
-                                      is_pure=False, pack=1)
+            if FROM_END:
+                at = w_ptr + hi.to(tl.int64) * BLOCK - (lines + 1) * per_line
+            else:
+                at = w_ptr + lo.to(tl.int64) * BLOCK + lines * per_line
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [at], dtype=tl.int32, is_pure=False,
+                                      pack=1)
     if OVERLAP:
         gdc_wait()
 

@@ -67,6 +67,7 @@ from .triton_plans import (
 )
 from .triton_sizing import (
     DECODE_MAX_TOKENS,
+    DECODE_SLOT_TOKENS,
     bucket,
     cdiv,
     decode_block_k,
@@ -111,7 +112,8 @@ def forward(x, w, bias, rows, cols, row_ptr, out_features: int):
     prefix = _fwd_prefix(plan.facts, x, w, bias if bias is not None else w, y, cols, row_ptr, rows)
     plan(prefix, x.device.index)
     if not plan.native:
-        outputs = [(y, True)] + ([(prefix[4], False)] if plan.facts[0] is _SPLIT or plan.facts[0] is _DECODE else [])
+        fresh = plan.facts[0] is _SPLIT or (plan.facts[0] is _DECODE and x.shape[0] > DECODE_SLOT_TOKENS)
+        outputs = [(y, True)] + ([(prefix[4], False)] if fresh else [])  # decode's kept slots: held
         _define(_NATIVE_FWD, native is not None, plan, prefix, (x, w, bias, cols, row_ptr, rows),
                 (out_features, tf32), outputs)
     return y

@@ -27,6 +27,7 @@ from .triton_kernels import (
     _fwd_tma_kernel,
 )
 from .triton_sizing import (
+    DECODE_SLOT_TOKENS,
     bucket,
     cdiv,
     decode_configs,
@@ -38,6 +39,7 @@ from .triton_sizing import (
     pair_fits,
     precision,
     split_counts,
+    split_slots,
 )
 
 FAMILY = "block_sparse_triton"
@@ -115,8 +117,12 @@ def _fwd_prefix(facts, x, w, b, y, cols, row_ptr, rows=None) -> tuple:
     if kind is _PAIR:  # (_PAIR, x box, w box, block-rows, block-columns, the one-row plan)
         return (Described(x, facts[1]), Described(w, facts[2], w.shape[0] * w.shape[1]), b, y,
                 *_pair_lists(cols, row_ptr, facts[3], facts[4]))
-    if kind is _DECODE:  # (_DECODE, partial slots, block-rows): a slot holds (tokens, bh)
-        part = torch.empty(facts[1], x.shape[0], w.shape[1], dtype=torch.float32, device=x.device)
+    if kind is _DECODE:  # (_DECODE, partial slots, block-rows): a slot holds (tokens, bh); up to 16 tokens the
+        # slots are kept empty between launches, past that they are fresh fp32 and counted (_decode_kernel)
+        if x.shape[0] <= DECODE_SLOT_TOKENS:
+            part = split_slots(x.device.index, facts[1] * x.shape[0] * w.shape[1])
+        else:
+            part = torch.empty(facts[1], x.shape[0], w.shape[1], dtype=torch.float32, device=x.device)
         return x, w, b, y, part, split_counts(x.device.index, facts[2]), cols, row_ptr, rows
     if kind is _UNCUT:
         return x, w, b, y, cols, row_ptr

@@ -107,40 +107,56 @@ def dw_fits(c, bh: int, bw: int, g: int, size: int) -> bool:
 
 
 _COUNTS: dict = {}
-_OLD_COUNTS: list = []
+_SLOTS: dict = {}
+_OLD_BUFFERS: list = []
+
+SLOT_EMPTY = -1
+"""What an empty partial slot of ``_decode_kernel`` holds, as int32: the bits 0xFFFFFFFF, a NaN that no
+GPU arithmetic makes (a GPU's NaN results are 0x7FFFFFFF), so no partial sum can look empty."""
 
 
 def split_counts(device: int, needed: int) -> torch.Tensor:
-    """The arrival counts of the kernels that add partial sums (``_decode_kernel``, the split
-    ``_fwd_kernel``, ``_dw_kernel``): int32 zeros, one buffer per (device, stream), since launches
-    on one stream run in order and each leaves its counts at zero. A buffer outgrown is kept, not
-    freed: a captured CUDA graph may still use it.
+    """The arrival counts of the kernels that add partial sums (the split ``_fwd_kernel``,
+    ``_dw_kernel``, the CUDA decode kernel): int32 zeros, one buffer per (device, stream), since
+    launches on one stream run in order and each leaves its counts at zero. A buffer outgrown is
+    kept, not freed: a captured CUDA graph may still use it.
 
-    Buffers are made outside any CUDA graph pool (``_zeros_outside_pools``). A capture finds the
+    Buffers are made outside any CUDA graph pool (``_filled_outside_pools``). A capture finds the
     device's buffer made before it (by the warm-up calls a capture needs) and uses it: the graph is
     replayed in order with the work of the stream that made it (a stream of its own if a capture
     comes first: then the graph's pool holds it)."""
+    return _stream_buffer(_COUNTS, device, needed, 0)
+
+
+def split_slots(device: int, needed: int) -> torch.Tensor:
+    """``_decode_kernel``'s partial slots: int32 (fp32 bits) filled with ``SLOT_EMPTY``, kept and
+    shared as ``split_counts``'s counts are, since each launch leaves every slot it filled empty again
+    (the program that reads a slot empties it)."""
+    return _stream_buffer(_SLOTS, device, needed, SLOT_EMPTY)
+
+
+def _stream_buffer(store: dict, device: int, needed: int, fill: int) -> torch.Tensor:
     stream = triton.runtime.driver.active.get_current_stream(device)
-    buf = _COUNTS.get((device, stream))
+    buf = store.get((device, stream))
     if buf is not None and buf.numel() >= needed:
         return buf
     if torch.cuda.is_current_stream_capturing():
-        found = [b for (d, _), b in _COUNTS.items() if d == device and b.numel() >= needed]
+        found = [b for (d, _), b in store.items() if d == device and b.numel() >= needed]
         if found:
-            _COUNTS[(device, stream)] = found[0]
+            store[(device, stream)] = found[0]
             return found[0]
     if buf is not None:
-        _OLD_COUNTS.append(buf)
-    buf = _COUNTS[(device, stream)] = _zeros_outside_pools(max(4096, 2 * needed), torch.device("cuda", device))
+        _OLD_BUFFERS.append(buf)
+    buf = store[(device, stream)] = _filled_outside_pools(max(4096, 2 * needed), fill, torch.device("cuda", device))
     return buf
 
 
-def _zeros_outside_pools(n: int, device: torch.device) -> torch.Tensor:
-    """int32 zeros that outlive the call (``outside_pools``); under a capture they are made here, on
-    the capturing stream (the graph's pool holds them)."""
+def _filled_outside_pools(n: int, fill: int, device: torch.device) -> torch.Tensor:
+    """int32 ``fill``s that outlive the call (``outside_pools``); under a capture they are made here,
+    on the capturing stream (the graph's pool holds them)."""
     if torch.cuda.is_current_stream_capturing():
-        return torch.zeros(n, dtype=torch.int32, device=device)
-    return outside_pools(lambda: torch.zeros(n, dtype=torch.int32, device=device), device)
+        return torch.full((n,), fill, dtype=torch.int32, device=device)
+    return outside_pools(lambda: torch.full((n,), fill, dtype=torch.int32, device=device), device)
 
 
 def outside_pools(make, device: torch.device):
@@ -257,16 +273,25 @@ kept block is read once, and equal runs of blocks per program."""
 DECODE_WAVES = (3, 2, 4, 6, 1, 8)
 """The decode forward's candidate programs per SM (``WAVES``), the untimed choice first."""
 
-DECODE_PIPES = ((4, 4), (4, 6), (8, 6), (4, 8))
-"""The decode forward's (warps, stages) candidates, the untimed choice first."""
+DECODE_PIPES = ((4, 4), (4, 6), (8, 6), (4, 8), (2, 8))
+"""The decode forward's (warps, stages) candidates, the untimed choice first. (2, 8): the fastest of
+(2, 8), (4, 4) and (4, 8) for the kernel of cc0cde5 in all 6 rows at T=1 on an H100 and on an H200
+(``bench/cuda_probe/decode_flat.py``, 2026-11-27)."""
 
 
 def decode_configs():
     """The decode forward's candidates: a token tile of 16, 32 or 64 rows (the one that holds the
-    call's tokens runs: ``decode_fits``) by each pipeline of ``DECODE_PIPES`` and each count of
-    programs per SM of ``DECODE_WAVES``."""
-    return [triton.Config({"BLOCK_M": m, "WAVES": waves}, num_warps=w, num_stages=st)
-            for m in (16, 32, 64) for w, st in DECODE_PIPES for waves in DECODE_WAVES]
+    call's tokens runs: ``decode_fits``) by each pipeline of ``DECODE_PIPES``, each count of
+    programs per SM of ``DECODE_WAVES`` and each way of walking a run (``FLAT``: one loop, or a loop
+    per row; ``_decode_kernel``)."""
+    return [triton.Config({"BLOCK_M": m, "WAVES": waves, "FLAT": flat}, num_warps=w, num_stages=st)
+            for m in (16, 32, 64) for flat in ((True, False) if m <= DECODE_SLOT_TOKENS else (False,))
+            for w, st in DECODE_PIPES for waves in DECODE_WAVES]
+
+
+DECODE_SLOT_TOKENS = 16
+"""Up to this many tokens (a tile of 16) ``_decode_kernel`` hands partials on in kept slots that signal
+themselves and may walk a run flat; past it, in fresh fp32 memory with a count, a loop per row."""
 
 
 DECODE_UNCUT_WAVES = (4, 3, 1, 8)
@@ -364,8 +389,8 @@ def device_facts(device: torch.device) -> tuple[int, int, bool]:
 _DEVICES: dict = {}
 
 
-__all__ = ["DECODE_MAX_TOKENS", "DECODE_PIPES", "DECODE_UNCUT_PIPES", "DECODE_UNCUT_WAVES", "DECODE_WAVES", "KERNEL_DTYPES", "M_TILES", "SPLITS", "SPLIT_MAX_TOKENS", "TMA_MIN_TOKENS", "bucket", "cdiv",
+__all__ = ["DECODE_MAX_TOKENS", "DECODE_PIPES", "DECODE_SLOT_TOKENS", "DECODE_UNCUT_PIPES", "DECODE_UNCUT_WAVES", "DECODE_WAVES", "KERNEL_DTYPES", "M_TILES", "SPLITS", "SPLIT_MAX_TOKENS", "TMA_MIN_TOKENS", "bucket", "cdiv",
            "decode_block_k", "decode_chunk", "decode_configs", "decode_fits", "decode_search", "decode_split", "decode_start",
            "overlap",
            "decode_uncut_configs", "decode_uncut_fits", "decode_uncut_sub", "depth", "device_facts", "dw_configs", "dw_fits", "fwd_configs", "has_tma", "m_configs",
-           "m_fits", "pow2", "precision", "split_counts", "supported", "tma_ready"]
+           "m_fits", "pow2", "precision", "SLOT_EMPTY", "split_counts", "split_slots", "supported", "tma_ready"]

@@ -15,12 +15,14 @@ Each call plans afresh with a config drawn at random from those its sizing keeps
 route where there are two, so every plan kind runs: the pointer forward whole and split, the
 decode forward, the copy-engine (TMA) forward and input gradient, the paired forward, the weight
 gradient. What stands in for the GPU: its facts (``SMS`` SMs, 50 MB of L2, TMA), CPU tensors taken
-as the kernels' (``supported``, ``tma_ready``), and one buffer of arrival counts, checked back at
-zero before every launch that uses it and at the end.
+as the kernels' (``supported``, ``tma_ready``), one buffer of arrival counts, checked back at zero
+before every launch that uses it and at the end, and one of the decode kernel's partial slots,
+checked empty before every launch that uses it.
 
 ``decode``: ``_decode_kernel`` on random tiny layouts (empty ones, empty and full rows) with every
-blocks-per-program from 1 to past the whole list, partial slots filled with NaN (a slot read
-before it is written shows), counts back at zero after each launch.
+blocks-per-program from 1 to past the whole list, both walks (one loop, a loop per row), with a
+bias or not: up to 16 tokens the partial slots empty again after each launch; past that fresh
+partials filled with NaN (a slot read before it is written shows) and the counts back at zero.
 
 ``uncut``: ``_decode_uncut_kernel`` on the same kind of layouts, with units of a whole block-row and of
 a half or a quarter of one, every share a program from one slice to past the whole list, y filled
@@ -68,7 +70,17 @@ def _stand_in_gpu(sms: int, rng: random.Random):
             raise AssertionError("a launch left arrival counts non-zero")
         return counts
 
+    slots = [torch.full((1 << 16,), triton_sizing.SLOT_EMPTY, dtype=torch.int32)]
+
+    def split_slots(device, needed):
+        if slots[0].ne(triton_sizing.SLOT_EMPTY).any():
+            raise AssertionError("a launch left partial slots filled")
+        if slots[0].numel() < needed:
+            slots[0] = torch.full((needed,), triton_sizing.SLOT_EMPTY, dtype=torch.int32)
+        return slots[0]
+
     triton_impl.split_counts = triton_plans.split_counts = split_counts
+    triton_plans.split_slots = split_slots
     triton_plans.outside_pools = lambda make, device: make()
     triton_launch.TunedKernel.choose = lambda self, key, device, trial, keep, prefer=None: rng.choice(
         [c for c in self.choices if keep(c)] or [self.choices[0]])
@@ -211,23 +223,29 @@ def decode(seed: int, layouts: int) -> dict:
     bad, launches = [], 0
     for i in range(layouts):
         lay, tokens, x, w, b = _tiny(rng, [(16, 16), (32, 16), (16, 64)])
-        idx, (out_f, in_f), (bh, bw), grid = lay.indices(), lay.shape, lay.block_shape, lay.grid
-        ref = x.double() @ lay.scatter(w.double()).t() + b.double()
-        counts = torch.zeros(grid[0], dtype=torch.int32)
+        idx, (out_f, in_f), (bh, bw) = lay.indices(), lay.shape, lay.block_shape
+        has_bias = rng.random() < 0.5
+        ref = x.double() @ lay.scatter(w.double()).t() + (b.double() if has_bias else 0)
+        counts = torch.zeros(lay.grid[0], dtype=torch.int32)
+        slots = tokens <= triton_sizing.DECODE_SLOT_TOKENS  # else fresh fp32 partials (NaN until written), counted
         for chunk in range(1, lay.nnz + 2):
             programs = max(1, -(-lay.nnz // chunk))
-            y = torch.full((tokens, out_f), float("nan"))
-            part = torch.full((programs, tokens, bh), float("nan"))
-            _decode_kernel[(programs,)](x, w, b, y, part, counts, idx.cols, idx.row_ptr, idx.rows, tokens, in_f, out_f,
-                                        lay.nnz, chunk, BH=bh, BW=bw, HAS_BIAS=True, PRECISION="ieee",
-                                        BLOCK_K=triton_sizing.decode_block_k(bw), EARLY=0, OVERLAP=False,
-                                        BLOCK_M=max(16, triton_sizing.pow2(tokens)), WAVES=1)
-            launches += 1
-            err = (y.double() - ref).abs().max().item() if y.numel() else 0.0
-            if not err <= 1e-4 * max(1.0, ref.abs().max().item()) or counts.any():
-                bad.append({"layout": i, "mask": lay.mask.int().tolist(), "block": [bh, bw], "tokens": tokens,
-                            "chunk": chunk, "err": err, "counts": counts.tolist()})
-                counts.zero_()
+            for flat in (True, False):
+                y = torch.full((tokens, out_f), float("nan"))
+                part = (torch.full((programs, tokens, bh), triton_sizing.SLOT_EMPTY, dtype=torch.int32) if slots
+                        else torch.full((programs, tokens, bh), float("nan")))
+                _decode_kernel[(programs,)](x, w, b, y, part, counts, idx.cols, idx.row_ptr, idx.rows, tokens, in_f, out_f,
+                                            lay.nnz, chunk, BH=bh, BW=bw, HAS_BIAS=has_bias, PRECISION="ieee",
+                                            BLOCK_K=triton_sizing.decode_block_k(bw), EARLY=0, OVERLAP=False,
+                                            BLOCK_M=max(16, triton_sizing.pow2(tokens)), WAVES=1, FLAT=flat)
+                launches += 1
+                err = (y.double() - ref).abs().max().item() if y.numel() else 0.0
+                left = part.ne(triton_sizing.SLOT_EMPTY).sum().item() if slots else 0
+                if not err <= 1e-4 * max(1.0, ref.abs().max().item()) or left or counts.any():
+                    bad.append({"layout": i, "mask": lay.mask.int().tolist(), "block": [bh, bw], "tokens": tokens,
+                                "chunk": chunk, "flat": flat, "err": err, "slots left": left,
+                                "counts": counts.tolist()})
+                    counts.zero_()
     return {"launches": launches, "bad": bad}
 
 

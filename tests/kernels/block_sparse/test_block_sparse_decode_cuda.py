@@ -25,12 +25,17 @@ if not torch.cuda.is_available():
 HOPPER = torch.cuda.get_device_capability() >= (9, 0)
 
 
-@pytest.fixture(params=["decode", "uncut", "cuda"])
+@pytest.fixture(params=["decode", "decode-loops", "uncut", "cuda"])
 def route(request, monkeypatch):
     """The decode route with ``request.param`` first: the kernel the op runs untimed (the tests run
-    the first fitting config, untimed: conftest.py)."""
+    the first fitting config, untimed: conftest.py). ``decode-loops``: the decode kernel with its
+    configs of a loop per row (``FLAT`` off) first."""
+    name = request.param.split("-")[0]
     names = triton_impl.DECODE_ROUTE.names
-    monkeypatch.setattr(triton_impl.DECODE_ROUTE, "names", (request.param, *(n for n in names if n != request.param)))
+    monkeypatch.setattr(triton_impl.DECODE_ROUTE, "names", (name, *(n for n in names if n != name)))
+    if request.param == "decode-loops":
+        kernel = triton_impl.KERNELS["decode"]
+        monkeypatch.setattr(kernel, "choices", sorted(kernel.choices, key=lambda c: c.kwargs["FLAT"]))
     triton_impl.forget_plans()
     yield request.param
     triton_impl.forget_plans()
@@ -66,7 +71,7 @@ def test_the_op_equals_masked_dense(tokens, block, dtype, route):
             got = block_sparse_linear(x, w, b, lay)
             assert got.shape == ref.shape and got.dtype == dtype, name
             close(got, ref, dtype)
-            close(block_sparse_linear(x, w, b, lay), ref, dtype)  # the counts were left at zero
+            close(block_sparse_linear(x, w, b, lay), ref, dtype)  # the slots (counts) were left empty (zero)
 
 
 def started(uncut: bool = False) -> dict:
@@ -77,27 +82,32 @@ def started(uncut: bool = False) -> dict:
     return {**({} if uncut else {"EARLY": early}), "OVERLAP": overlap, **({"launch_pdl": True} if overlap else {})}
 
 
-def run_kernel(lay, w, x, b, chunk: int, block_m: int, idx=None):
-    """``_decode_kernel`` with an explicit run length (the host sizes it from the programs per SM)."""
+def run_kernel(lay, w, x, b, chunk: int, block_m: int, idx=None, flat: bool = True):
+    """``_decode_kernel`` with an explicit run length (the host sizes it from the programs per SM),
+    walking each run in one loop or a loop per row (``flat``, up to 16 tokens); its partial slots empty
+    again after (up to 16 tokens), its counts at zero."""
     idx = idx or lay.indices("cuda")
     nnz, bh, bw = w.shape
     tokens, k_in = x.shape
     n_out = lay.shape[0]
     programs = max(1, -(-nnz // chunk))
     y = torch.full((tokens, n_out), float("nan"), device="cuda", dtype=x.dtype)
-    part = torch.full((programs, tokens, bh), float("nan"), device="cuda")  # a slot per program
+    slots = tokens <= triton_sizing.DECODE_SLOT_TOKENS  # kept slots, else fresh partials (NaN) and counts
+    part = (torch.full((programs, tokens, bh), triton_sizing.SLOT_EMPTY, dtype=torch.int32, device="cuda") if slots
+            else torch.full((programs, tokens, bh), float("nan"), device="cuda"))
     counts = torch.zeros(n_out // bh, dtype=torch.int32, device="cuda")
     triton_decode._decode_kernel[(programs,)](
         x, w, b if b is not None else w, y, part, counts, idx.cols, idx.row_ptr, idx.rows, tokens, k_in, n_out, nnz,
         chunk, BH=bh, BW=bw, HAS_BIAS=b is not None, PRECISION="tf32", BLOCK_K=triton_sizing.decode_block_k(bw),
-        **started(), BLOCK_M=block_m, WAVES=1)
-    assert counts.eq(0).all()
+        **started(), BLOCK_M=block_m, WAVES=1, FLAT=flat)
+    assert counts.eq(0).all() and (not slots or part.eq(triton_sizing.SLOT_EMPTY).all())
     return y
 
 
+@pytest.mark.parametrize("flat", [True, False], ids=["flat", "loops"])
 @pytest.mark.parametrize("block", [(16, 16), (64, 64), (128, 64)], ids=lambda b: f"{b[0]}x{b[1]}")
 @pytest.mark.parametrize("tokens", [1, 17, 64])
-def test_every_way_the_runs_cut_the_rows(tokens, block):
+def test_every_way_the_runs_cut_the_rows(tokens, block, flat):
     """Runs of 1, 2, 3, 5 and 7 blocks, one run of all, one longer than all: rows wholly inside a
     run, rows cut at one or both ends, rows over many runs, empty rows at a run's start and after
     the last block; a row finished by the program holding its end, after the others' partials."""
@@ -105,14 +115,15 @@ def test_every_way_the_runs_cut_the_rows(tokens, block):
     for _, mask in layouts(block[0]):
         lay, w, x, b, ref = case(mask, block, tokens, torch.float16)
         for chunk in sorted({1, 2, 3, 5, 7, max(1, lay.nnz), lay.nnz + 4}):
-            close(run_kernel(lay, w, x, b, chunk, block_m), ref, torch.float16)
+            close(run_kernel(lay, w, x, b, chunk, block_m, flat=flat), ref, torch.float16)
 
 
+@pytest.mark.parametrize("flat", [True, False], ids=["flat", "loops"])
 @pytest.mark.parametrize("block", [(16, 16), (64, 64)], ids=lambda b: f"{b[0]}x{b[1]}")
-def test_many_small_layouts_every_run_length_twice(block):
+def test_many_small_layouts_every_run_length_twice(block, flat):
     """The fuzz's tiny grids (1-4 x 1-4 blocks, any density) with every run length, each launch
-    made twice in a row: a row finished by its owner after up to 15 other programs' partials (slots
-    NaN until written), and the counts back at zero for the next launch."""
+    made twice in a row, bit for bit the same: a row finished by its owner after up to 15 other
+    programs' partials (in program order), and the slots empty again for the next launch."""
     g = torch.Generator().manual_seed(block[0])
     for trial in range(40):
         grid = (int(torch.randint(1, 5, (1,), generator=g)), int(torch.randint(1, 5, (1,), generator=g)))
@@ -120,8 +131,9 @@ def test_many_small_layouts_every_run_length_twice(block):
         tokens = (1, 5, 33)[trial % 3]
         lay, w, x, b, ref = case(mask, block, tokens, torch.float16, bias=trial % 2 == 0, seed=trial)
         for chunk in range(1, lay.nnz + 2):
-            for _ in range(2):
-                close(run_kernel(lay, w, x, b, chunk, max(16, triton_sizing.pow2(tokens))), ref, torch.float16)
+            first = run_kernel(lay, w, x, b, chunk, max(16, triton_sizing.pow2(tokens)), flat=flat)
+            close(first, ref, torch.float16)
+            assert torch.equal(run_kernel(lay, w, x, b, chunk, max(16, triton_sizing.pow2(tokens)), flat=flat), first)
 
 
 def run_uncut(lay, w, x, b, chunk: int, sub: int, idx=None):
@@ -299,20 +311,20 @@ def test_an_overlapped_launch_reads_what_the_kernels_before_it_wrote():
 
 
 @needs_hopper
-@pytest.mark.parametrize("kernel", ["decode", "uncut"])
+@pytest.mark.parametrize("kernel", ["decode", "decode-loops", "uncut"])
 def test_an_overlapped_triton_launch_reads_what_the_kernels_before_it_wrote(kernel):
     """The same for the Triton decode kernels, which the plans launch as programmatic dependents on
     sm_90 and newer (``triton_sizing.decode_start``), their first blocks asked into L2 before they wait:
     the weights, x and the columns written in place right before each launch, ten times over, with
-    runs that cut rows (the decode kernel's counts and partials) and units of half a row."""
+    runs that cut rows (the decode kernel's partial slots, in either walk) and units of half a row."""
     assert triton_sizing.decode_start(torch.device("cuda"))[1], "sm_90 launches them as dependents"
     mask = ragged(9)
     lay, w, x, _, ref = case(mask, (64, 64), 17, torch.bfloat16, bias=False)
     idx = lay.indices("cuda")
 
     def run(wb, xb, ix):
-        if kernel == "decode":
-            return run_kernel(lay, wb, xb, None, 3, 32, ix)
+        if kernel.startswith("decode"):
+            return run_kernel(lay, wb, xb, None, 3, 32, ix, flat=kernel == "decode")
         return run_uncut(lay, wb, xb, None, 5, 32, ix)
     for trial in range(10):
         g = torch.Generator().manual_seed(100 + trial)
