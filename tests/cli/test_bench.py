@@ -289,11 +289,23 @@ def check_real_run(doc: dict, devices: set[str]) -> None:
 
 @pytest.mark.skipif(not has_cxx(), reason="needs a C++ compiler")
 def test_quick_run_writes_valid_json_and_a_plot(tmp_path, shared_cache):
+    """DeepSpeed hidden: its peer row would have torch's load build DeepSpeed's cpu_adam (two torch/extension.h
+    sources, ~3 min here) into ~/.cache/torch_extensions. The row with the real DeepSpeedCPUAdam, built once:
+    tests/clients/test_deepspeed.py::test_the_bench_times_deepspeeds_cpu_adam_beside_opforges."""
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     args = ["--quick", "--json", str(out)] + (["--plot", str(png)] if _has_matplotlib() else [])
-    r = opforge_bench(*args, "--device", "cpu", env={"OPFORGE_CACHE_DIR": str(shared_cache)})
+    blocker = tmp_path / "no_deepspeed"
+    blocker.mkdir()
+    (blocker / "deepspeed.py").write_text("raise ImportError('hidden for this test')\n")
+    r = opforge_bench(*args, "--device", "cpu", env={"OPFORGE_CACHE_DIR": str(shared_cache),
+                                                      "PYTHONPATH": f"{blocker}{os.pathsep}{ROOT}",
+                                                      "TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions")})
     assert r.returncode == 0, r.stdout + r.stderr
-    check_real_run(json.loads(out.read_text()), {"cpu"})
+    doc = json.loads(out.read_text())
+    check_real_run(doc, {"cpu"})
+    (adam,) = [f for f in doc["families"] if f["kind"] == "cpu_adam"]
+    assert [(m["impl"], m["reason"].split(" (")[0]) for m in adam["missing"]] == [
+        ("DeepSpeedCPUAdam", "deepspeed is not installed")]
     assert "vs torch AdamW fused" in r.stdout and "vs torch eager" in r.stdout and "vs dense" in r.stdout
     if _has_matplotlib():
         assert png.read_bytes()[:4] == b"\x89PNG"

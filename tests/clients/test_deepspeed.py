@@ -135,6 +135,28 @@ def test_deepspeeds_cpu_adam_cases_that_run_on_a_cpu_pass_against_the_opforge_bu
         assert diff < (1e-6 if dtype == "torch.float32" else 1e-2), (dtype, size, diff)
 
 
+def test_the_bench_times_deepspeeds_cpu_adam_beside_opforges(patched, tmp_path):
+    """``opforge bench cpu_adam`` with DeepSpeed installed: DeepSpeedCPUAdam is a timed peer row, built before
+    any timing; here the module's build, loaded warm through the patch (no new compile of DeepSpeed's
+    sources). tests/cli/test_bench.py runs the whole quick bench with DeepSpeed hidden."""
+    ds_compiles = lambda: [c for c in patched.cxx.compiles() if "/csrc/adam/" in c]  # noqa: E731
+    before = ds_compiles()
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, "-m", "opforge.cli", "bench", "cpu_adam", "--quick", "--device", "cpu",
+                        "--json", str(out)], env=dict(os.environ, PYTHONPATH=ROOT, DS_BUILD_OPS="0", **patched.env),
+                       capture_output=True, text=True, timeout=900, check=False)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert ds_compiles() == before  # DeepSpeed's op came from the module's build
+    (fam,) = json.loads(out.read_text())["families"]
+    assert (fam["kind"], fam["status"], fam["missing"]) == ("cpu_adam", "ok", [])
+    for case in fam["cases"]:
+        rows = {row["impl"]: row for row in case["results"]}
+        ds = rows["DeepSpeedCPUAdam"]
+        assert ds["role"] == "peer" and ds["error"] is None and ds["time"]["median_s"] > 0, ds
+        assert rows["opforge CPUAdam"]["check"]["ok"], rows["opforge CPUAdam"]
+    assert "DeepSpeedCPUAdam" in r.stdout
+
+
 def _killed_mid_build(env: dict, marker) -> SimpleNamespace:
     """Start DeepSpeed's load in a new session, wait until the compiler runs a real compile (the CXX
     wrapper writes a ``-c`` command line to ``marker``, then sleeps; probes pass), and kill -9 the whole
