@@ -10,9 +10,10 @@ from opforge.kernel_loader import CPUAdamLoader
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_cache(tmp_path_factory):
+def _one_cache(shared_cache):
+    """The session's cache: cpu_adam's variants are built once for the suite, not once per file."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("OPFORGE_CACHE_DIR", str(tmp_path_factory.mktemp("adam-op-cache")))
+        mp.setenv("OPFORGE_CACHE_DIR", str(shared_cache))
         yield
 
 
