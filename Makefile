@@ -16,9 +16,11 @@ TRITON_SPEC ?= triton==3.6.0
 INTERP  := $(VENV)/.opforge-triton
 # Two pytest-xdist workers, a test file each at a time (its module fixtures built once): the suite's
 # compiles and subprocesses use one core each, so 2 cores take about 0.65x of one process's time. The
-# builds that need torch's headers still happen once per run (tests/conftest.py: shared_cache).
+# builds that need torch's headers still happen once per run (tests/conftest.py: shared_cache). Files go
+# out longest first (tests/conftest.py: SLOW_FILES_FIRST), not xdist's default of most tests first, which
+# left the few-test, minutes-long client files for the end, one worker idle meanwhile.
 TEST_WORKERS ?= 2
-PYTEST_ARGS ?= -q -m 'not slow' -n $(TEST_WORKERS) --dist loadfile --durations=15
+PYTEST_ARGS ?= -q -m 'not slow' -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 .PHONY: demo test bench venv clean-venv
 
