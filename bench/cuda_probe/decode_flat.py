@@ -177,12 +177,14 @@ def launch(kind, grid, x, w, b, y, part, counts, idx, tokens, k_in, n_out, nnz, 
         common.pop("EARLY")
         _decode_uncut_kernel[grid](x, w, b, y, idx.cols, idx.row_ptr, tokens, k_in, n_out, nnz, chunk, SUB=bh,
                                    SEARCH=triton_sizing.decode_search(n_out // bh), WAVES=0, **common)
-    elif kind == "before":  # the package's kernel as of cc0cde5 (count and partials, loops per row): not kept in
-        # the tree; make it with `git show cc0cde5:opforge/kernels/block_sparse/triton_decode.py | sed 's/from \.\.
-        # triton_compat/from opforge.kernels.triton_compat/' > bench/cuda_probe/_decode_before.py`
+    elif kind == "before":  # the package's kernel as of an earlier commit (cc0cde5: count and partials, loops per
+        # row; since 25b69d4 with slots up to 16 tokens): not kept in the tree; make it with `git show
+        # REV:opforge/kernels/block_sparse/triton_decode.py | sed 's/from \.\.triton_compat/from
+        # opforge.kernels.triton_compat/' > bench/cuda_probe/_decode_before.py`
         from _decode_before import _decode_kernel as before
-        before[grid](x, w, b, y, part.view(torch.float32), counts, idx.cols, idx.row_ptr, idx.rows, tokens, k_in,
-                     n_out, nnz, chunk, WAVES=0, **common)
+        slotted = "FLAT" in before.arg_names and tokens <= triton_sizing.DECODE_SLOT_TOKENS  # a kernel with slots
+        before[grid](x, w, b, y, part if slotted else part.view(torch.float32), counts, idx.cols, idx.row_ptr, idx.rows, tokens, k_in,
+                     n_out, nnz, chunk, WAVES=0, **({"FLAT": False} if "FLAT" in before.arg_names else {}), **common)
     elif kind.startswith("package"):  # the package's kernel: slots, one loop (flat) or a loop per row (loops)
         slots = tokens <= triton_sizing.DECODE_SLOT_TOKENS  # else fresh fp32 partials and counts
         _decode_kernel[grid](x, w, b, y, part if slots else part.view(torch.float32), counts, idx.cols, idx.row_ptr,

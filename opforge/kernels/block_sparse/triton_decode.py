@@ -112,26 +112,92 @@ def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, ro
             seen = tl.atomic_add(count_ptr + first, 0, sem="acquire")
             while seen < p - q0:  # they counted themselves early in their runs: rarely waits
                 seen = tl.atomic_add(count_ptr + first, 0, sem="acquire")
-        acc = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
-        for q in range(q0, p):
-            acc += tl.load(part_ptr + q * T * BH + tile, mask=m_ok[:, None], other=0.0, cache_modifier=".cg")
+        acc = _decode_parts(part_ptr, q0, p, tile, m_ok, T, BH, COUNTED, EARLY, BLOCK_M)
         _decode_store(y_ptr, b_ptr, acc + mine, first, T, N_OUT, BH, HAS_BIAS, BLOCK_M)
         tl.atomic_xchg(count_ptr + first, 0)
     elif owned:
-        acc = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
-        for q in range(q0, p):  # program order; slots * T * BH fits int32 (a few MB of partials)
-            at = part_ptr + q * T * BH + tile
-            got = tl.load(at, mask=m_ok[:, None], other=0, volatile=True)
+        acc = _decode_parts(part_ptr, q0, p, tile, m_ok, T, BH, COUNTED, EARLY, BLOCK_M)
+        _decode_store(y_ptr, b_ptr, acc + mine, first, T, N_OUT, BH, HAS_BIAS, BLOCK_M)
+
+
+@jit
+def _decode_parts(part_ptr, q0, p, tile, m_ok, T, BH: tl.constexpr, COUNTED: tl.constexpr, EARLY: tl.constexpr,
+                  BLOCK_M: tl.constexpr):
+    """The sum of the partials of programs ``q0`` to ``p - 1`` (an owned row's earlier programs), added
+    in program order (deterministic). Counted: fresh fp32 memory, all in (the count said so), read
+    past L1. Slots: each read from L2, again after a pause while any element is still empty; then
+    emptied.
+
+    Slots are taken ``NQ`` at a time (4 tiles of 16 x 64, 2 of 16 x 128), their loads issued
+    together: one trip to L2 for NQ partials, where a loop of one load each made a trip each. On an
+    H100 that took 14336->4096 T=1 d=0.1 from 8.5 to 7.7 us a layer (loops per row; 7.4 flat) and
+    4096->14336 d=0.1 from 8.4 to 8.2 (``bench/cuda_probe/decode_flat.py``, 2026-11-27). The
+    counted partials (up to 64 x 128 fp32) are taken one at a time: two at once were no faster at
+    T=64 (0.3-0.8 us slower at d=0.5, the same at d=0.1)."""
+    NQ: tl.constexpr = 1 if COUNTED else 4 if BLOCK_M * BH <= 1024 else 2
+    size = T * BH  # a partial's elements; slots * T * BH fits int32 (a few MB of partials)
+    acc = tl.zeros((BLOCK_M, BH), dtype=tl.float32)
+    for q in range(q0, p, NQ):
+        at0 = part_ptr + q * size + tile
+        ok0 = m_ok[:, None]
+        if NQ > 1:
+            ok1 = ok0 & (q + 1 < p)
+        if NQ > 2:
+            ok2 = ok0 & (q + 2 < p)
+            ok3 = ok0 & (q + 3 < p)
+        if COUNTED:  # masked: 0.0, which adds nothing
+            g0 = tl.load(at0, mask=ok0, other=0.0, cache_modifier=".cg")
+            if NQ > 1:
+                g1 = tl.load(at0 + size, mask=ok1, other=0.0, cache_modifier=".cg")
+            if NQ > 2:
+                g2 = tl.load(at0 + 2 * size, mask=ok2, other=0.0, cache_modifier=".cg")
+                g3 = tl.load(at0 + 3 * size, mask=ok3, other=0.0, cache_modifier=".cg")
+        else:
+            g0 = tl.load(at0, mask=ok0, other=0, volatile=True)
+            if NQ > 1:
+                g1 = tl.load(at0 + size, mask=ok1, other=0, volatile=True)
+            if NQ > 2:
+                g2 = tl.load(at0 + 2 * size, mask=ok2, other=0, volatile=True)
+                g3 = tl.load(at0 + 3 * size, mask=ok3, other=0, volatile=True)
             if not INTERPRETED:  # there the programs run in order: a slot empty now stays so (and reads as NaN)
-                while tl.sum(tl.sum((got == -1).to(tl.int32), axis=1), axis=0) > 0:  # -1: SLOT_EMPTY; rare
+                while _decode_empty(g0, g1 if NQ > 1 else g0, g2 if NQ > 2 else g0, g3 if NQ > 2 else g0) > 0:  # rare
                     if EARLY > 0:  # a pause between looks
                         tl.inline_asm_elementwise("nanosleep.u32 200; // $0 $1", "=r,r", [q],
                                                   dtype=tl.int32, is_pure=False, pack=1)
-                    got = tl.load(at, mask=m_ok[:, None], other=0, volatile=True)
-            acc += got.to(tl.float32, bitcast=True)
-            # every thread has its elements (the sum above went through them all): empty the slot
-            tl.store(at, tl.full((BLOCK_M, BH), -1, tl.int32), mask=m_ok[:, None])
-        _decode_store(y_ptr, b_ptr, acc + mine, first, T, N_OUT, BH, HAS_BIAS, BLOCK_M)
+                    g0 = tl.load(at0, mask=ok0, other=0, volatile=True)
+                    if NQ > 1:
+                        g1 = tl.load(at0 + size, mask=ok1, other=0, volatile=True)
+                    if NQ > 2:
+                        g2 = tl.load(at0 + 2 * size, mask=ok2, other=0, volatile=True)
+                        g3 = tl.load(at0 + 3 * size, mask=ok3, other=0, volatile=True)
+            g0 = g0.to(tl.float32, bitcast=True)
+            if NQ > 1:
+                g1 = g1.to(tl.float32, bitcast=True)
+            if NQ > 2:
+                g2 = g2.to(tl.float32, bitcast=True)
+                g3 = g3.to(tl.float32, bitcast=True)
+            # every thread has its elements (the sum above went through them all): empty the slots
+            gone = tl.full((BLOCK_M, BH), -1, tl.int32)
+            tl.store(at0, gone, mask=ok0)
+            if NQ > 1:
+                tl.store(at0 + size, gone, mask=ok1)
+            if NQ > 2:
+                tl.store(at0 + 2 * size, gone, mask=ok2)
+                tl.store(at0 + 3 * size, gone, mask=ok3)
+        acc += g0
+        if NQ > 1:
+            acc += g1
+        if NQ > 2:
+            acc += g2
+            acc += g3
+    return acc
+
+
+@jit
+def _decode_empty(g0, g1, g2, g3):
+    """How many elements of the four slots read are ``SLOT_EMPTY`` (-1 as int32)."""
+    e = ((g0 == -1) | (g1 == -1) | (g2 == -1) | (g3 == -1)).to(tl.int32)
+    return tl.sum(tl.sum(e, axis=1), axis=0)
 
 
 @jit

@@ -217,12 +217,19 @@ def _tiny(rng: random.Random, blocks: list):
 
 def decode(seed: int, layouts: int) -> dict:
     from opforge.kernels.block_sparse import triton_sizing
+    from opforge.kernels.block_sparse.layout import BlockSparseLayout
     from opforge.kernels.block_sparse.triton_decode import _decode_kernel
 
     rng = random.Random(seed)
     bad, launches = [], 0
-    for i in range(layouts):
-        lay, tokens, x, w, b = _tiny(rng, [(16, 16), (32, 16), (16, 64)])
+    cases = [_tiny(rng, [(16, 16), (32, 16), (16, 64)]) for _ in range(layouts)]
+    # tall blocks: owners take slots 2 at a time (a 16 x 128 tile; the tiny ones above: 4 at a time), and
+    # counted partials of 64 x 64 one at a time: rows of 1 to 7 blocks, the last one empty
+    for (bh, tokens), g in zip(((128, 5), (64, 33)), (torch.Generator().manual_seed(seed + j) for j in (1, 2))):
+        lay = BlockSparseLayout(torch.arange(8)[None, :] < torch.tensor([7, 1, 4, 0])[:, None], (bh, 16))
+        cases.append((lay, tokens, torch.randn(tokens, lay.shape[1], generator=g),
+                      torch.randn(lay.nnz, bh, 16, generator=g), torch.randn(lay.shape[0], generator=g)))
+    for i, (lay, tokens, x, w, b) in enumerate(cases):
         idx, (out_f, in_f), (bh, bw) = lay.indices(), lay.shape, lay.block_shape
         has_bias = rng.random() < 0.5
         ref = x.double() @ lay.scatter(w.double()).t() + (b.double() if has_bias else 0)
