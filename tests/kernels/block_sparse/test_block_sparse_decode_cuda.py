@@ -9,6 +9,12 @@ length or share), and under CUDA graph replay."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 from block_sparse_cases import case, close
@@ -243,6 +249,40 @@ def test_the_cuda_kernel_is_offered_where_it_should_be():
     assert not cuda_decode.offered(x, w.transpose(1, 2), b)  # not contiguous
     _, w16, x16, _, _ = case(ragged(6), (16, 16), 1, torch.bfloat16)
     assert not cuda_decode.offered(x16, w16, None)  # 16-blocks: not compiled
+
+
+OLD_PTX = """
+    import json, torch
+    import opforge.ops
+    from opforge.kernels.block_sparse import cuda_decode, triton_impl
+    from opforge.kernels.block_sparse.layout import BlockSparseLayout
+    from opforge.ops import block_sparse_linear
+    names = triton_impl.DECODE_ROUTE.names  # the CUDA kernel first, as it is taken untimed
+    triton_impl.DECODE_ROUTE.names = ("cuda", *(n for n in names if n != "cuda"))
+    g = torch.Generator().manual_seed(0)
+    lay = BlockSparseLayout(torch.rand(6, 5, generator=g) < 0.5, (64, 64))
+    x = torch.randn(2, lay.shape[1], generator=g).cuda().half()
+    w = torch.randn(lay.nnz, 64, 64, generator=g).cuda().half()
+    y = block_sparse_linear(x, w, None, lay)
+    ref = x.double() @ lay.scatter(w.double().cpu()).cuda().t()
+    print(json.dumps({"built": cuda_decode.ops() is not None, "grid": cuda_decode.ops().grid.default(x, 64, 64, 2, 2),
+                      "offered": cuda_decode.offered(x, w, None),
+                      "err": (y.double() - ref).abs().max().item() / ref.abs().max().item()}))
+"""
+
+
+@needs_hopper
+def test_a_binary_built_without_sm_90_is_not_offered(tmp_path):
+    """Built for ``TORCH_CUDA_ARCH_LIST=8.0+PTX`` (as a wheel for older GPUs may be), the kernel would
+    run here from sm_80 PTX with an empty body (it is sm_90+ only) and write nothing: its ``grid`` is 0,
+    it is not offered, and the Triton kernels take the call."""
+    env = dict(os.environ, OPFORGE_CACHE_DIR=str(tmp_path / "cache"), TORCH_CUDA_ARCH_LIST="8.0+PTX",
+               OPFORGE_BLOCK_SPARSE_CUDA="1")
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(OLD_PTX)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert got["built"] and got["grid"] == 0 and not got["offered"], got
+    assert got["err"] < 1e-2, got
 
 
 @needs_hopper

@@ -18,7 +18,7 @@ cudaError_t grid_of(bool bf16, const Config& c, int device, int* grid) {
   const Kernel fn = bf16 ? kernel_bf16(c.nt, c.kq, c.mt) : kernel_f16(c.nt, c.kq, c.mt);
   if (fn == nullptr || c.ctas < 1 || c.stages < 1 || c.stages > 64) return cudaSuccess;
   const int smem = smem_of(c, 2);
-  // (device, kernel, smem) -> (SMs, CTAs that fit an SM; 0 before sm_90), found once
+  // (device, kernel, smem) -> (SMs, CTAs that fit an SM; 0 before sm_90 or in a binary without it), found once
   static std::mutex lock;
   static std::map<std::tuple<int, Kernel, int>, std::pair<int, int>> seen;
   std::lock_guard<std::mutex> hold(lock);
@@ -32,9 +32,17 @@ cudaError_t grid_of(bool bf16, const Config& c, int device, int* grid) {
       int current = 0;  // cudaFuncSetAttribute and the occupancy query act on the current device
       err = cudaGetDevice(&current);
       if (err == cudaSuccess && current != device) err = cudaSetDevice(device);
+      // The PTX the kernel was compiled from. A binary built for no sm_90 (TORCH_CUDA_ARCH_LIST="8.0+PTX",
+      // say) runs here from older PTX, JIT-compiled, where the kernel's body is empty (it is sm_90+ only):
+      // it would return without writing y. Such a binary offers nothing (fit 0), and the Triton kernels
+      // take the call.
+      cudaFuncAttributes attr{};
+      if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, fn);
+      const bool built_for_here = err == cudaSuccess && attr.ptxVersion >= 90;
       // the most a CTA may take, whatever this config's (one attribute a kernel, shared by every config)
-      if (err == cudaSuccess) err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
-      if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, fn, threads_of(c), smem);
+      if (built_for_here) err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
+      if (built_for_here && err == cudaSuccess)
+        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, fn, threads_of(c), smem);
       if (current != device) {
         const cudaError_t back = cudaSetDevice(current);
         if (err == cudaSuccess) err = back;
