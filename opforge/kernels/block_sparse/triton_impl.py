@@ -67,7 +67,6 @@ from .triton_plans import (
 )
 from .triton_sizing import (
     DECODE_MAX_TOKENS,
-    DECODE_SLOT_TOKENS,
     bucket,
     cdiv,
     decode_block_k,
@@ -112,8 +111,9 @@ def forward(x, w, bias, rows, cols, row_ptr, out_features: int):
     prefix = _fwd_prefix(plan.facts, x, w, bias if bias is not None else w, y, cols, row_ptr, rows)
     plan(prefix, x.device.index)
     if not plan.native:
-        fresh = plan.facts[0] is _SPLIT or (plan.facts[0] is _DECODE and x.shape[0] > DECODE_SLOT_TOKENS)
-        outputs = [(y, True)] + ([(prefix[4], False)] if fresh else [])  # decode's kept slots: held
+        # decode's partials: fresh fp32 past DECODE_SLOT_TOKENS, else its kept int32 slots (held, not outputs)
+        fresh = plan.facts[0] is _SPLIT or (plan.facts[0] is _DECODE and prefix[4].dtype == torch.float32)
+        outputs = [(y, True)] + ([(prefix[4], False)] if fresh else [])
         _define(_NATIVE_FWD, native is not None, plan, prefix, (x, w, bias, cols, row_ptr, rows),
                 (out_features, tf32), outputs)
     return y
