@@ -56,7 +56,8 @@ LAYOUTS = {
     "flat_blocks": ((5, 1700), 1, "contiguous"),  # flat, 3 blocks, the last one partial
     "one_channel": ((3, 1, 700), 1, "contiguous"),  # flat, one channel: per-program db
     "rows": ((2, 3, 1024), 1, "contiguous"),  # rows, a run of one block
-    "rows_ragged": ((2, 3, 2051), 1, "contiguous"),  # rows, 5 blocks of 512 a run, the last masked
+    "rows_ragged": ((2, 2, 2051), 1, "contiguous"),  # rows, 5 blocks of 512 a run, the last masked; runs 2, 3
+    # go back to channels 0, 1 (20 programs: the interpreter's time goes by programs, the most of any layout)
 }
 
 
@@ -235,7 +236,7 @@ def test_interpreted_wide_offsets(interp, monkeypatch, dtype, layout):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("shape,dim", [((1, 5000), 0), ((3, 2, 4096), 1), ((2, 3, 2051), 1)],
+@pytest.mark.parametrize("shape,dim", [((1, 5000), 0), ((3, 2, 4096), 1), ((2, 2, 2051), 1)],
                          ids=["one_channel", "rows", "rows_ragged"])
 def test_interpreted_db_is_the_fp32_sum_of_unrounded_dx(interp, dtype, shape, dim):
     """Where each program lies in one channel, db sums the unrounded fp32 values (deterministic,
