@@ -102,9 +102,12 @@ def load_spec(spec: BuildSpec, s: settings_mod.Settings, build_directory: str | 
         result = _import(entry, spec, reporter)
         if result is not None:
             return result
-        if cache.binary_state(entry) != "missing":
+        state = cache.binary_state(entry)
+        if state == "corrupt":
             break
-        bad.append(entry.path)  # removed between its publishing and its import: a cache clean ran; build again
+        if state == "missing":
+            bad.append(entry.path)  # removed between its publishing and its import: a cache clean ran; build again
+        # "ok": gone when the import looked, published again since by another process's build: import that one
     raise BuildError(f"the freshly built {entry.binary} could not be read back; see {entry.path}/build.log")
 
 

@@ -507,3 +507,25 @@ def test_lock_timeout_in_process(cache_dir, make_pymod, monkeypatch):
             opforge.load(name, [str(src)])
     assert _entries(cache_dir / name) == []
     assert opforge.load(name, [str(src)]).value() == 4  # released: the next load builds it
+
+
+def test_a_binary_published_again_after_a_failed_import_is_imported(cache_dir, make_pymod, counting_cxx, monkeypatch):
+    """A cache clean removes a fresh entry before its import, and another process's build publishes it again
+    before this one looks why the import failed (seen with 4 loaders and a clean every 0.1 s on a busy
+    machine): the binary is there, whole, so the load imports it rather than call it unreadable."""
+    from opforge.engine import jit
+
+    name = "republished_ext"
+    src = make_pymod(name, 19)
+    real_import, seen = jit._import, []
+
+    def gone_then_back(entry, spec, reporter):
+        if not seen:  # the import found it gone (the clean); by the check after, it is back (the other build)
+            seen.append(entry.path)
+            return None
+        return real_import(entry, spec, reporter)
+
+    monkeypatch.setattr(jit, "_import", gone_then_back)
+    mod = opforge.load(name, [str(src)])
+    assert mod.value() == 19 and os.path.dirname(mod.__file__) == seen[0]
+    assert len(counting_cxx.links()) == 1
