@@ -32,6 +32,10 @@ def main() -> None:
                     help="how configs and candidates are timed: triton's do_bench (an L2 flush that writes 256 MB "
                          "before each run: opforge's), or read (a flush that reads 256 MB, the median of the runs)")
     ap.add_argument("--picks", type=int, default=1, help="the route as in use this many times, tuned anew each")
+    ap.add_argument("--route-timing", default="graph",
+                    help="how the route as in use times its configs and candidates, comma-separated for each in turn: "
+                         "graph (the package's: graph replay on stand-ins past L2) or dobench (triton's do_bench, "
+                         "an L2 flush before each lone launch: the package's before the eighteenth session)")
     ap.add_argument("--names", help="only these of the route's candidates alone (default: all)")
     ap.add_argument("--starts", default="",
                     help="each candidate alone under each of these decode starts too, EARLY:OVERLAP pairs (e.g. "
@@ -81,13 +85,24 @@ def main() -> None:
     def start(mode):  # the package's own start (None), or (early lines, overlap) for the Triton kernels
         triton_sizing.DECODE_EARLY_LINES, triton_sizing.overlap = own if mode is None else (
             mode[0], lambda i, o=bool(mode[1]): o and own[1](i))
+    from opforge.kernels import graph_timing
+
+    own_timer = graph_timing.StandIns.per_call_ms
+
+    def picked():
+        return sorted({str(p.facts[0] if isinstance(p.facts, tuple) else p.facts)
+                       for p in triton_impl._FWD.values() if not isinstance(p, str)})
     out = {"device": torch.cuda.get_device_name(), "rows": []}
     for row in issue_rows(args, dev, dt, seed=1):
         x, mods, dense = row.pop("x"), row.pop("mods"), row["dense_us"]
         row.pop("weights")
         with torch.no_grad():
-            runs = [(nm, m) for m in starts for nm in alone] + [(None, None)] * args.picks
+            timings = args.route_timing.split(",")
+            runs = [(nm, m) for m in starts for nm in alone] + [(None, t) for t in timings for _ in range(args.picks)]
             for name, mode in runs:  # each alone (under each start), then the route as in use (picks times)
+                if name is None:  # mode: the route's timing
+                    graph_timing.StandIns.per_call_ms = own_timer if mode == "graph" else (lambda *a: None)
+                    mode = None
                 start(mode)
                 route.names = names if name is None else (name,)
                 route.forget()
@@ -100,12 +115,13 @@ def main() -> None:
                 except ValueError:  # a candidate offered for none of these calls alone (cuda: no variant)
                     got = float("inf")
                 if name is None:
-                    row.setdefault("routed_all", []).append(got)
-                    row["routed"] = sorted(row["routed_all"])[len(row["routed_all"]) // 2]
+                    tag = "" if graph_timing.StandIns.per_call_ms is own_timer else "_dobench"
+                    row.setdefault(f"routed{tag}_all", []).append(got)
+                    row[f"routed{tag}"] = sorted(row[f"routed{tag}_all"])[len(row[f"routed{tag}_all"]) // 2]
+                    row.setdefault(f"picked{tag}_all", []).append(picked())
                 else:
                     row[name if mode is None else f"{name}@{mode[0]}:{mode[1]}"] = got
-            row["picked"] = sorted({str(p.facts[0] if isinstance(p.facts, tuple) else p.facts)
-                                    for p in triton_impl._FWD.values() if not isinstance(p, str)})
+            row["picked"] = picked()
             row["configs"] = {name: [f"{c.kwargs} w{c.num_warps} s{c.num_stages}" for c in k._chosen.values()]
                               for name, k in (("decode", triton_impl.KERNELS["decode"]),
                                               ("uncut", triton_impl.KERNELS["decode_uncut"]),
@@ -115,7 +131,10 @@ def main() -> None:
         best = min(cols, key=row.get)
         print(f"{row['in']}->{row['out']} T={row['tokens']} d={row['density']}: dense {dense:.1f} floor "
               f"{row['same_bytes_us']:.1f}; " + " ".join(f"{k} {row[k]:.1f}" for k in cols)
-              + f"; routed {row['routed']:.1f} {[round(v, 1) for v in row['routed_all']]} ({dense / row['routed']:.2f}x, "
+              + "".join(f"; routed{t} {row['routed' + t]:.1f} {[round(v, 1) for v in row['routed' + t + '_all']]} "
+                        f"({dense / row['routed' + t]:.2f}x, picks {row['picked' + t + '_all']})"
+                        for t in ("", "_dobench") if "routed" + t in row)
+              + " ("
               f"picked {row['picked']}, "
               f"best {best} {dense / row[best]:.2f}x); tuned {row['configs']}", flush=True)
     if args.json:

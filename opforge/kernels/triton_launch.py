@@ -135,11 +135,15 @@ class TunedKernel:
     # -- the config --
 
     def choose(self, key: tuple, device: int, trial: Callable[[Choice], tuple], keep: Callable[[Choice], bool],
-               prefer: Callable[[Choice], object] | None = None) -> Choice:
+               prefer: Callable[[Choice], object] | None = None, stand_ins=None) -> Choice:
         """The config for ``key`` on ``device``: remembered, else read from the cache, else tuned
         (``trial(choice) -> (grid, args)`` builds a launch of a candidate; ``keep(choice)`` says
         whether it may run these arguments at all; ``prefer(choice)``, a sort key, orders the
-        kept ones: the first is what runs untimed, under capture or with tuning off)."""
+        kept ones: the first is what runs untimed, under capture or with tuning off). With
+        ``stand_ins`` (``graph_timing.StandIns`` of one of the arguments) the candidates are timed
+        under graph replay, each call on another stand-in, and the key says so."""
+        if stand_ins is not None:
+            key = (*key, "replayed")
         found = self._chosen.get((device, key))
         if found is not None:
             return found
@@ -157,7 +161,7 @@ class TunedKernel:
             self.store_hits += 1
             found = self.choices[index]
         else:
-            found, ms = self._tune(kept, trial, device)
+            found, ms = self._tune(kept, trial, device, stand_ins)
             store.put(key, found.index, {"ms": ms, "kwargs": found.kwargs, "num_warps": found.num_warps,
                                          "num_stages": found.num_stages, "tried": len(kept)})
         self._chosen[(device, key)] = found
@@ -189,15 +193,29 @@ class TunedKernel:
 
         return do_bench(fn, warmup=5, rep=25)
 
-    def _tune(self, kept: list, trial, device: int) -> tuple[Choice, float]:
+    def _tune(self, kept: list, trial, device: int, stand_ins=None) -> tuple[Choice, float]:
         with self._lock:
             self.tuning_runs += 1
+        if stand_ins is not None:
+            found = self._timed(kept, trial, device, stand_ins)
+            if found is not None:
+                return found
+        return self._timed(kept, trial, device, None)  # as triton.autotune times (or the replay failed)
+
+    def _timed(self, kept: list, trial, device: int, stand_ins) -> tuple[Choice, float] | None:
+        """The fastest of ``kept`` and its time: with ``stand_ins`` under graph replay (None if that
+        can't time one of them), else with ``_time``."""
         best, best_ms, first_error = None, math.inf, None
         for choice in kept:
             grid, args = trial(choice)
             try:
                 self.launch(choice, grid, args, device)  # compiles it
-                ms = self._time(lambda: self.launch(choice, grid, args, device))  # noqa: B023
+                if stand_ins is None:
+                    ms = self._time(lambda: self.launch(choice, grid, args, device))  # noqa: B023
+                else:
+                    ms = stand_ins.per_call_ms(lambda a: self.launch(choice, grid, a, device), args, device)  # noqa: B023
+                    if ms is None:
+                        return None
             except Exception as exc:  # noqa: BLE001 - a candidate that can't compile or run (resources) is skipped
                 first_error = first_error or exc
                 continue
@@ -248,21 +266,26 @@ class Route:
     """Which of several kernels runs a call shape, where each wins somewhere (the block-sparse
     forward at decode sizes: ``_decode_kernel`` or the pointer kernel). ``choose(key, device,
     runs)`` times each candidate's launch (``runs``: name -> a callable that launches it, its own
-    config already tuned) once per key, as the configs are, and keeps the winner in the process
-    and in opforge's cache; under a capture or with tuning off the first name runs, untimed (not
-    kept under a capture). ``tuning_runs`` / ``store_hits`` count as ``TunedKernel``'s do."""
+    config already tuned) once per key, as the configs are, or the caller's way (``timing`` names
+    it, and the cache keeps its picks apart), and keeps the winner in the process and in opforge's
+    cache; under a capture or with tuning off the first name runs, untimed (not kept under a
+    capture). ``tuning_runs`` / ``store_hits`` count as ``TunedKernel``'s do."""
 
-    def __init__(self, family: str, name: str, names: tuple, kernels: tuple):
+    def __init__(self, family: str, name: str, names: tuple, kernels: tuple, timing: str = "do_bench"):
         self.family, self.name, self.names, self.kernels = family, name, tuple(names), tuple(kernels)
+        self.timing = timing
         self._chosen: dict[tuple, str] = {}
         self._stores: dict[int, TuningStore] = {}
         self.tuning_runs = 0
         self.store_hits = 0
         _INSTANCES.add(self)
 
-    def choose(self, key: tuple, device: int, runs: dict[str, Callable[[], None]]) -> str:
+    def choose(self, key: tuple, device: int, runs: dict[str, Callable[[], None]],
+               timer: Callable[[str], float | None] | None = None) -> str:
         """The name of ``runs`` (a subset of ``names``: a candidate that can't take the call is left
-        out, and the key then names the ones offered) that runs ``key`` on ``device``."""
+        out, and the key then names the ones offered) that runs ``key`` on ``device``. ``timer(name)``,
+        where given: milliseconds per call of that candidate, timed the caller's way (or None: then
+        every candidate is timed as a config is, its run in ``runs``)."""
         offered = tuple(n for n in self.names if n in runs)
         if not offered:
             raise ValueError(f"{self.name}: none of {self.names} in the runs given ({tuple(runs)})")
@@ -285,7 +308,9 @@ class Route:
             times = {}
             for name in offered:
                 runs[name]()  # compiled (and its config tuned) before it is timed
-                times[name] = self._time(runs[name])
+                times[name] = timer(name) if timer is not None else self._time(runs[name])
+            if None in times.values():  # the timer could not time one of them: all timed as configs are
+                times = {name: self._time(runs[name]) for name in offered}
             index = self.names.index(min(times, key=times.get))
             store.put(key, index, {"ms": times})
         self._chosen[(device, key)] = self.names[index]
@@ -301,7 +326,8 @@ class Route:
     def _store(self, device: int) -> TuningStore:
         store = self._stores.get(device)
         if store is None:
-            fp = fingerprint(self.family, self.name, self.names, *(k._store(device).fingerprint for k in self.kernels))
+            fp = fingerprint(self.family, self.name, self.names, self.timing,
+                             *(k._store(device).fingerprint for k in self.kernels))
             store = self._stores[device] = TuningStore(settings.current().cache_dir, self.family, fp)
         return store
 

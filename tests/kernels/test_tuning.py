@@ -388,3 +388,19 @@ def test_an_op_tunes_its_configs_once_and_a_new_process_reads_the_winner(cache, 
 def test_an_ops_configs_must_name_the_same_values():
     with pytest.raises(ValueError, match="every config must set"):
         TunedOp("fam", "op", lambda: None, [{"stages": 2, "ctas": 1}, {"ctas": 1, "stages": 2}], lambda: [])
+
+
+def test_a_route_with_a_timer_goes_by_its_times_and_keeps_its_picks_apart_from_do_bench(cache):
+    """The decode route times its candidates under graph replay (``timer``): its times decide, and a
+    route timed another way is keyed apart (its ``timing`` is in the fingerprint). A timer that can't
+    time one candidate has them all timed as configs are, never a mix of the two."""
+    kernels = (Tuner("fam", FakeKernel(), CONFIGS),)
+    route, launched = TimedRoute("fam", "r4", ("a", "b"), kernels, timing="replay"), []
+    assert route.choose(("k",), 0, route_runs(launched), {"a": 0.5, "b": 1.0}.get) == "a"
+    assert launched == ["a", "b"]  # each compiled once; the timer did the timing
+    other = TimedRoute("fam", "r4", ("a", "b"), kernels)  # the same route, do_bench: not its pick
+    assert other.choose(("k",), 0, route_runs(launched)) == "b" and other.tuning_runs == 1
+    again = TimedRoute("fam", "r4", ("a", "b"), kernels, timing="replay")
+    assert again.choose(("k",), 0, route_runs(launched)) == "a" and again.store_hits == 1
+    mixed = TimedRoute("fam", "r5", ("a", "b"), kernels, timing="replay")
+    assert mixed.choose(("k",), 0, route_runs(launched), {"a": 0.5}.get) == "b"  # b untimed: do_bench's times

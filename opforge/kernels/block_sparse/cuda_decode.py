@@ -129,10 +129,11 @@ def offered(x: torch.Tensor, w: torch.Tensor, bias) -> bool:
     return found is not None and found.grid.default(x, bh, bw, CONFIGS[0]["stages"], CONFIGS[0]["ctas"]) > 0
 
 
-def plan(x, w, bias, y, cols, row_ptr, out_features: int, kind: str) -> OpPlan:
+def plan(x, w, bias, y, cols, row_ptr, out_features: int, kind: str, stand_ins=None) -> OpPlan:
     """The kernel's plan for this call shape, its config chosen per size class (``KERNEL``; the
     Triton decode kernels' classes: tokens, block shape, nnz, blocks a row, bias). ``facts`` =
-    (``kind``, has a bias, the arrival counts it needs), for ``triton_plans._fwd_prefix``."""
+    (``kind``, has a bias, the arrival counts it needs), for ``triton_plans._fwd_prefix``. ``stand_ins``
+    (``graph_timing``) for ``w``: the configs timed under graph replay."""
     nnz, bh, bw = w.shape
     units = out_features // bh * (bh // 16)
     overlap = settings.current().block_sparse_overlap  # off: the configs launched as plain kernels only
@@ -144,7 +145,7 @@ def plan(x, w, bias, y, cols, row_ptr, out_features: int, kind: str) -> OpPlan:
         return None, (x, w, bias, y, cols, row_ptr, split_counts(x.device.index, units), 0)
 
     choice = KERNEL.choose(key, x.device.index, trial, lambda c: grid(x, bh, bw, c.kwargs["stages"], c.kwargs["ctas"]) > 0
-                           and (overlap or not c.kwargs["overlap"]))
+                           and (overlap or not c.kwargs["overlap"]), stand_ins=stand_ins)
     return OpPlan(KERNEL, choice, (kind, bias is not None, units))
 
 

@@ -61,7 +61,8 @@ decode kernel's: ``kernels/tuned_op.py``)."""
 
 DECODE_ROUTE = None if triton is None else Route(
     FAMILY, "decode_route", ("decode", "uncut", "pointer", "cuda"),
-    (KERNELS["decode"], KERNELS["decode_uncut"], KERNELS["fwd"], KERNELS["decode_cuda"]))
+    (KERNELS["decode"], KERNELS["decode_uncut"], KERNELS["fwd"], KERNELS["decode_cuda"]),
+    timing="graph replay, rotated stand-ins")
 """Up to ``DECODE_MAX_TOKENS`` tokens, which forward runs a size class: ``_decode_kernel`` (equal runs
 of blocks per program), ``_decode_uncut_kernel`` (no row cut across programs), the pointer kernel
 (a block-row per program, split at T <= 32) or, where it is offered (``cuda_decode.offered``: sm_90+,
@@ -99,11 +100,12 @@ def _keep(plans: dict, key: tuple, plan):
     return plan
 
 
-def _plan(which: str, key: tuple, device: int, build, keep, facts=None, prefer=None) -> Plan:
+def _plan(which: str, key: tuple, device: int, build, keep, facts=None, prefer=None, stand_ins=None) -> Plan:
     """Choose ``which``'s config for the tuning ``key`` (remembered, cached, or tuned, launching
-    ``build(choice) -> (grid, prefix, consts)``) and make the plan."""
+    ``build(choice) -> (grid, prefix, consts)``; with ``stand_ins``, timed under graph replay) and
+    make the plan."""
     kernel = KERNELS[which]
-    choice = kernel.choose(key, device, lambda c: _joined(build(c)), keep, prefer)
+    choice = kernel.choose(key, device, lambda c: _joined(build(c)), keep, prefer, stand_ins)
     grid, _, consts = build(choice)
     return Plan(kernel, choice, grid, consts, facts if facts is not None else which)
 
@@ -142,15 +144,18 @@ def _pair_lists(cols, row_ptr, grid_r: int, grid_c: int):
 
 
 def _routed(route: Route, name: str, plans: dict, x, w, b, y, cols, row_ptr, out_features, has_bias, key,
-            rows=None) -> Plan:
+            rows=None, stand_ins=None) -> Plan:
     """The plan of ``plans`` (name -> a plan, its config tuned) that ``route`` found faster for this
     size class (``name`` and the size class make its key); each launched once on these arguments
-    when the route is timed."""
+    when the route is timed, then timed so (do_bench), or with ``stand_ins`` (for ``w``) under graph
+    replay as a model's layers run (``graph_timing``)."""
     dev = x.device.index
     prefixes = {n: _fwd_prefix(p.facts, x, w, b, y, cols, row_ptr, rows) for n, p in plans.items()}
     runs = {n: (lambda p=p, n=n: p(prefixes[n], dev)) for n, p in plans.items()}
     nnz, bh, bw = w.shape
-    return plans[route.choose((name, x.dtype, *key, bh, bw, out_features, bucket(nnz), has_bias), dev, runs)]
+    timer = None if stand_ins is None else (
+        lambda n: stand_ins.per_call_ms(lambda a, p=plans[n]: p(a, dev), prefixes[n], dev))
+    return plans[route.choose((name, x.dtype, *key, bh, bw, out_features, bucket(nnz), has_bias), dev, runs, timer)]
 
 
 def pair_route(rows_plan, x, w, b, y, cols, row_ptr, out_features, has_bias, key, grid_c):

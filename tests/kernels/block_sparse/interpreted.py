@@ -82,9 +82,9 @@ def _stand_in_gpu(sms: int, rng: random.Random):
     triton_impl.split_counts = triton_plans.split_counts = split_counts
     triton_plans.split_slots = split_slots
     triton_plans.outside_pools = lambda make, device: make()
-    triton_launch.TunedKernel.choose = lambda self, key, device, trial, keep, prefer=None: rng.choice(
+    triton_launch.TunedKernel.choose = lambda self, key, device, trial, keep, prefer=None, stand_ins=None: rng.choice(
         [c for c in self.choices if keep(c)] or [self.choices[0]])
-    triton_launch.Route.choose = lambda self, key, device, runs: rng.choice([n for n in self.names if n in runs])
+    triton_launch.Route.choose = lambda self, key, device, runs, timer=None: rng.choice([n for n in self.names if n in runs])
     return counts
 
 
