@@ -145,13 +145,8 @@ def _decode_parts(part_ptr, q0, p, tile, m_ok, T, BH: tl.constexpr, COUNTED: tl.
         if NQ > 2:
             ok2 = ok0 & (q + 2 < p)
             ok3 = ok0 & (q + 3 < p)
-        if COUNTED:  # masked: 0.0, which adds nothing
+        if COUNTED:  # one at a time (NQ is 1); masked: 0.0, which adds nothing
             g0 = tl.load(at0, mask=ok0, other=0.0, cache_modifier=".cg")
-            if NQ > 1:
-                g1 = tl.load(at0 + size, mask=ok1, other=0.0, cache_modifier=".cg")
-            if NQ > 2:
-                g2 = tl.load(at0 + 2 * size, mask=ok2, other=0.0, cache_modifier=".cg")
-                g3 = tl.load(at0 + 3 * size, mask=ok3, other=0.0, cache_modifier=".cg")
         else:
             g0 = tl.load(at0, mask=ok0, other=0, volatile=True)
             if NQ > 1:
