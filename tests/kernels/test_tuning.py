@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from opforge.engine import inventory
-from opforge.kernels import triton_launch
+from opforge.kernels import route, triton_launch
 from opforge.kernels.triton_launch import TunedKernel, spec
 from opforge.kernels.tuned_op import OpPlan, TunedOp
 from opforge.kernels.tuning import TuningStore, fingerprint
@@ -266,7 +266,7 @@ def test_the_setting_turns_the_direct_launch_off(tmp_path):
     assert out.stdout.strip() == "False"
 
 
-class TimedRoute(triton_launch.Route):
+class TimedRoute(route.Route):
     """A route whose candidates take the times of a table (ms per name)."""
 
     times = {"a": 2.0, "b": 1.0}

@@ -13,8 +13,9 @@ import torch
 
 from .. import triton_launch
 from ..native_launch import NativeTable
+from ..route import Route
 from ..triton_compat import triton
-from ..triton_launch import Plan, Route, TunedKernel
+from ..triton_launch import Plan, TunedKernel
 from ..triton_tma import Described
 from . import cuda_decode, pairs
 from .triton_decode import _decode_kernel, _decode_uncut_kernel

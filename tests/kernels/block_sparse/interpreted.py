@@ -50,7 +50,7 @@ def _stand_in_gpu(sms: int, rng: random.Random):
     routes at random; returns the counts buffer."""
     torch.cuda.current_device = lambda: None  # a CPU tensor's device.index
     torch.cuda.is_current_stream_capturing = lambda: False
-    from opforge.kernels import triton_launch
+    from opforge.kernels import route, triton_launch
     from opforge.kernels.block_sparse import triton_impl, triton_plans, triton_sizing
     from opforge.kernels.block_sparse.layout import BLOCK_SIZES
 
@@ -84,7 +84,7 @@ def _stand_in_gpu(sms: int, rng: random.Random):
     triton_plans.outside_pools = lambda make, device: make()
     triton_launch.TunedKernel.choose = lambda self, key, device, trial, keep, prefer=None, stand_ins=None: rng.choice(
         [c for c in self.choices if keep(c)] or [self.choices[0]])
-    triton_launch.Route.choose = lambda self, key, device, runs, timer=None: rng.choice([n for n in self.names if n in runs])
+    route.Route.choose = lambda self, key, device, runs, timer=None: rng.choice([n for n in self.names if n in runs])
     return counts
 
 
