@@ -31,7 +31,7 @@ from .. import compat
 from ..compat import TorchFacts
 from ..errors import ToolchainError
 from ..settings import Settings
-from . import toolchain
+from . import toolchain, torch_record
 from .relocate import Places, choose_root
 from .toolchain import Tool
 
@@ -249,7 +249,7 @@ def make_spec(
 
     if with_cuda is None:
         with_cuda = any(is_cuda_file(s) for s in abs_sources)
-    facts = compat.torch_facts()
+    facts = torch_record.torch_facts(settings.cache_dir)  # no torch import where the cache has its facts
     nvcc = None
     archs = ""
     if with_cuda:

@@ -1,0 +1,94 @@
+"""torch's facts recorded in the cache (``engine/torch_record.py``): a process that has not imported
+torch computes the build key from the record instead of importing torch, and a changed torch (its
+version, its build) is never read from an old record: it changes the key as before."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import textwrap
+
+from conftest import ROOT, run_python
+
+from opforge import compat, settings
+from opforge.engine import key, torch_record
+
+SPEC = textwrap.dedent("""
+    import json, sys
+    from opforge import settings
+    from opforge.engine import key
+    spec = key.make_spec(settings.current(), "rec_mod", [sys.argv[1]], None, None, None, None, None, True, False)
+    print(json.dumps({"imported": "torch" in sys.modules, "version": spec.torch.version,
+                      "abi": spec.torch.cxx11_abi, "root": spec.torch.root, "key": spec.input_key}))
+""")
+
+
+def _fake_torch(site, version: str, abi: bool = True) -> None:
+    """A stand-in torch package with what ``compat.torch_facts`` reads (its version.py as torch's)."""
+    pkg = site / "torch"
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "version.py").write_text(f"__version__ = {version!r}\ngit_version = 'g{version}'\ncuda = None\nhip = None\n")
+    (pkg / "__init__.py").write_text(f"from . import version\nfrom .version import __version__\n"
+                                     f"def compiled_with_cxx11_abi():\n    return {abi!r}\n")
+
+
+def _spec(site, cache, src) -> dict:
+    code = SPEC.replace("sys.argv[1]", repr(str(src)))
+    out = run_python(code, env={"PYTHONPATH": os.pathsep.join([str(site), ROOT]), "OPFORGE_CACHE_DIR": str(cache)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_fresh_process_reads_the_record_and_a_changed_torch_is_asked_again(tmp_path):
+    site, cache, src = tmp_path / "site", tmp_path / "cache", tmp_path / "rec.cpp"
+    src.write_text("int f() { return 1; }\n")
+    _fake_torch(site, "2.99.0")
+    first = _spec(site, cache, src)
+    assert first["imported"] and first["version"] == "2.99.0"
+    assert first["root"] == os.path.realpath(site / "torch")
+    (record,) = (cache / ".tools").glob("torch-*.json")
+
+    again = _spec(site, cache, src)
+    assert not again["imported"] and again == {**first, "imported": False}  # the record: same facts, same key
+
+    _fake_torch(site, "2.99.10")  # an upgrade: version.py changes
+    upgraded = _spec(site, cache, src)
+    assert upgraded["imported"] and upgraded["version"] == "2.99.10" and upgraded["key"] != first["key"]
+    assert not _spec(site, cache, src)["imported"]
+
+    _fake_torch(site, "2.99.10", abi=False)  # the same version built otherwise: torch's files change
+    rebuilt = _spec(site, cache, src)
+    assert rebuilt["imported"] and rebuilt["abi"] is False and rebuilt["key"] != upgraded["key"]
+    assert len(list((cache / ".tools").glob("torch-*.json"))) == 3 and record.exists()
+
+
+def test_an_imported_torch_that_disk_no_longer_holds_is_not_recorded(tmp_path, monkeypatch):
+    """A process whose torch was replaced on disk since it imported it (here: facts that the installed
+    version.py doesn't say) keeps its own facts, and records nothing for the next process to read."""
+    real = compat.torch_facts()
+    stale = dataclasses.replace(real, version="2.0.0")
+    monkeypatch.setattr(compat, "torch_facts", lambda: stale)
+    cache = tmp_path / "cache"
+    assert torch_record.torch_facts(str(cache)) == stale
+    assert not list(cache.glob(".tools/torch-*.json"))
+
+    monkeypatch.setattr(compat, "torch_facts", lambda: real)
+    assert torch_record.torch_facts(str(tmp_path / "other")) == real  # as installed: recorded
+    (record,) = (tmp_path / "other" / ".tools").glob("torch-*.json")
+    assert compat.TorchFacts.from_json(json.loads(record.read_text())) == real
+    assert record == type(record)(torch_record.record_path(str(tmp_path / "other"), torch_record.identity(real.root)))
+
+
+def test_the_key_in_process_is_the_recorded_key(tmp_path, monkeypatch):
+    """A process that has torch imported and one that reads the record compute the same key."""
+    src = tmp_path / "same.cpp"
+    src.write_text("int f() { return 2; }\n")
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(cache))
+    here = key.make_spec(settings.current(), "rec_mod", [str(src)], None, None, None, None, None, True, False)
+    code = SPEC.replace("sys.argv[1]", repr(str(src)))
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr[-3000:]
+    there = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not there["imported"] and there["key"] == here.input_key
