@@ -4,7 +4,8 @@ Include and library paths come from torch's public ``cpp_extension.include_paths
 ``library_paths``; nvcc's common flags from its public ``COMMON_NVCC_FLAGS``. The CUDA
 arch flags come from torch's private ``_get_cuda_arch_flags`` when it exists, else from
 :func:`fallback_cuda_arch_flags` (tested to agree with it). Only the cold path imports
-``torch.utils.cpp_extension`` (about 80 ms).
+``torch.utils.cpp_extension`` (about 80 ms, or seconds in a process that hasn't imported torch: a
+CPU build's paths and ``-std=`` are recorded in the cache beside torch's facts, ``torch_record.cpu_build``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from .. import compat
 from ..errors import ToolchainError
 from ..settings import Settings
+from . import torch_record
 from .key import BuildSpec
 from .toolchain import default_cxx_std, linker_flags
 
@@ -101,12 +103,22 @@ def _torch_paths(fn, device: str) -> list[str]:
                              "toolkit, e.g. CUDA_HOME=/usr/local/cuda") from exc
 
 
-def derive(spec: BuildSpec, settings: Settings) -> Flags:
-    """All the flags of a build: torch's defaults plus the user's extras."""
+def _ask_torch(device: str, torch_version: str) -> dict:
     from torch.utils import cpp_extension
 
+    return {"include": _torch_paths(cpp_extension.include_paths, device),
+            "lib": _torch_paths(cpp_extension.library_paths, device), "std": torch_cxx_std(torch_version)}
+
+
+def derive(spec: BuildSpec, settings: Settings) -> Flags:
+    """All the flags of a build: torch's defaults plus the user's extras. A CPU build takes torch's
+    answers from the cache's record of them where there is one (``torch_record.cpu_build``)."""
     device = "cuda" if spec.with_cuda else "cpu"
-    system_includes = _torch_paths(cpp_extension.include_paths, device)
+    if spec.with_cuda:
+        asked = _ask_torch(device, spec.torch.version)
+    else:
+        asked = torch_record.cpu_build(settings.cache_dir, spec.torch, lambda: _ask_torch(device, spec.torch.version))
+    system_includes = list(asked["include"])
     py_include = sysconfig.get_path("include", scheme="posix_prefix")
     if py_include and not spec.stable_abi:
         system_includes.append(py_include)
@@ -120,11 +132,13 @@ def derive(spec: BuildSpec, settings: Settings) -> Flags:
     for p in system_includes:
         common += ["-isystem", p]  # two arguments: nvcc rejects the joined form
 
-    std = torch_cxx_std(spec.torch.version)
+    std = asked["std"]
     cflags = common + ["-fPIC", std, *spec.extra_cflags]
 
     cuda_cflags: list[str] = []
     if spec.with_cuda:
+        from torch.utils import cpp_extension
+
         cuda_cflags = common + list(cpp_extension.COMMON_NVCC_FLAGS)
         cuda_cflags += cuda_arch_flags(spec.extra_cuda_cflags, settings)
         cuda_cflags += ["--compiler-options", "-fPIC", *spec.extra_cuda_cflags]
@@ -133,7 +147,7 @@ def derive(spec: BuildSpec, settings: Settings) -> Flags:
         if settings.cc:
             cuda_cflags = ["-ccbin", settings.cc, *cuda_cflags]
 
-    lib_dirs = _torch_paths(cpp_extension.library_paths, device)  # torch's lib dir (+ CUDA's for device="cuda")
+    lib_dirs = list(asked["lib"])  # torch's lib dir (+ CUDA's for device="cuda")
     torch_lib = lib_dirs[0]
     ldflags = [] if spec.is_standalone else ["-shared"]
     ldflags += list(spec.extra_ldflags)

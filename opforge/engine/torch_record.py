@@ -13,7 +13,9 @@ worker, the tests' subprocesses). So the facts are recorded in the cache under t
 * a process that has imported torch records its facts only when the ``version.py`` on disk still
   says what the imported torch says (torch was not replaced under a running process);
 * a process that has not imported torch reads the record of the torch it would import
-  (``importlib.util.find_spec``: nothing is imported), and imports torch only when there is none.
+  (``importlib.util.find_spec``: nothing is imported), and imports torch only when there is none;
+* beside the facts, torch's answers for a CPU build (include dirs, library dirs, ``-std=``:
+  :func:`cpu_build`), so a fresh process's cold build of a CPU extension doesn't import torch either.
 """
 
 from __future__ import annotations
@@ -106,14 +108,39 @@ def _still_installed(facts: compat.TorchFacts) -> bool:
 
 
 def _record(path: str, facts: compat.TorchFacts) -> None:
-    if _read(path) == facts:
-        return
+    if _read(path) != facts:
+        _write(path, facts.to_json())
+
+
+def _write(path: str, data: dict) -> None:
     try:
         for d in (os.path.dirname(os.path.dirname(path)), os.path.dirname(path)):  # the cache's root first, as
             os.makedirs(d, mode=0o700, exist_ok=True)  # the engine makes it: 0700 whatever the umask
-        atomic_write(path, json.dumps(facts.to_json(), sort_keys=True), durable=False)
+        atomic_write(path, json.dumps(data, sort_keys=True), durable=False)
     except OSError:
         pass  # an unwritable cache only costs the import next time
+
+
+def cpu_build(cache_dir: str, facts: compat.TorchFacts, ask_torch) -> dict:
+    """torch's answers for a CPU build (``ask_torch()``: its include dirs, library dirs and ``-std=``, which
+    import torch), recorded beside ``facts`` under the same identity: a fresh process builds a CPU
+    extension without importing torch. Recorded only from a torch that disk still holds."""
+    path = record_path(cache_dir, identity(facts.root))[: -len(".json")] + ".cpu-build.json"
+    try:
+        with open(path, encoding="utf-8") as f:
+            recorded = json.load(f)
+    except (OSError, ValueError):
+        recorded = None
+    if not (isinstance(recorded, dict) and isinstance(recorded.get("std"), str)
+            and all(isinstance(recorded.get(k), list) and all(isinstance(p, str) for p in recorded[k])
+                    for k in ("include", "lib"))):
+        recorded = None
+    if recorded is not None and "torch" not in sys.modules:
+        return recorded
+    data = ask_torch()
+    if data != recorded and _still_installed(facts):
+        _write(path, data)
+    return data
 
 
 def torch_facts(cache_dir: str) -> compat.TorchFacts:
@@ -144,4 +171,4 @@ def torch_facts(cache_dir: str) -> compat.TorchFacts:
     return facts
 
 
-__all__ = ["identity", "record_path", "torch_facts"]
+__all__ = ["cpu_build", "identity", "record_path", "torch_facts"]

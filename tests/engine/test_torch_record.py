@@ -92,3 +92,32 @@ def test_the_key_in_process_is_the_recorded_key(tmp_path, monkeypatch):
     assert out.returncode == 0, out.stderr[-3000:]
     there = json.loads(out.stdout.strip().splitlines()[-1])
     assert not there["imported"] and there["key"] == here.input_key
+
+
+def test_a_cpu_build_in_a_fresh_process_has_torchs_flags_without_importing_it(tmp_path, monkeypatch):
+    """torch's include and library dirs and -std= for a CPU build, recorded by a process that imported torch,
+    give a fresh process the very flags torch gives, and it doesn't import torch for them."""
+    from opforge.engine import flags
+
+    src = tmp_path / "flags.cpp"
+    src.write_text("int f() { return 3; }\n")
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(cache))
+    s = settings.current()
+    here = flags.derive(key.make_spec(s, "rec_mod", [str(src)], ["-O1"], None, None, None, None, True, False), s)
+    (record,) = (cache / ".tools").glob("torch-*.cpu-build.json")
+    code = textwrap.dedent(f"""
+        import json, sys
+        from opforge import settings
+        from opforge.engine import flags, key
+        s = settings.current()
+        spec = key.make_spec(s, "rec_mod", [{str(src)!r}], ["-O1"], None, None, None, None, True, False)
+        f = flags.derive(spec, s)
+        print(json.dumps({{"imported": "torch" in sys.modules, "cflags": f.cflags, "ldflags": f.ldflags}}))
+    """)
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr[-3000:]
+    there = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not there["imported"]
+    assert (tuple(there["cflags"]), tuple(there["ldflags"])) == (here.cflags, here.ldflags)
+    assert json.loads(record.read_text())["std"] in here.cflags
