@@ -35,7 +35,9 @@ REPLAYS = 10
 def rotated(t: torch.Tensor, l2_bytes: int) -> list[torch.Tensor] | None:
     """Stand-ins for ``t`` (same shape, dtype, device and 16-byte alignment; uninitialised), enough
     that between two uses of one of them the others' bytes pass twice L2: each call reads HBM. None
-    when ``SCRATCH_BYTES`` can't hold two of them past that, or the memory isn't there."""
+    when ``SCRATCH_BYTES`` can't hold two of them past that, when that takes more than ``MAX_VIEWS``
+    (a weight of under 2 L2 / 255 bytes: it stays in L2 in a model too, and do_bench times it), or
+    the memory isn't there."""
     size = t.numel() * t.element_size()
     if size == 0 or not t.is_contiguous():
         return None
