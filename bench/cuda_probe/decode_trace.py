@@ -69,11 +69,12 @@ def _traced_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, ro
                    K_IN, N_OUT, NNZ, CHUNK, BH: tl.constexpr, BW: tl.constexpr, PRECISION: tl.constexpr,
                    BLOCK_K: tl.constexpr, EARLY: tl.constexpr, OVERLAP: tl.constexpr, BLOCK_M: tl.constexpr,
                    HEAD_FIRST: tl.constexpr = False, EARLY_PARTS: tl.constexpr = False,
-                   LAST_SUMS: tl.constexpr = False, REVERSE: tl.constexpr = False):
+                   LAST_SUMS: tl.constexpr = False, REVERSE: tl.constexpr = False,
+                   PARTS_AT_ONCE: tl.constexpr = False, LATE_TRIGGER: tl.constexpr = False):
     p = tl.program_id(0)
     if REVERSE:  # --check with --last-sums: the interpreter runs programs in order; this makes the last to count in another
         p = tl.num_programs(0) - 1 - p
-    stamps = trace_ptr + p.to(tl.int64) * 8
+    stamps = trace_ptr + p.to(tl.int64) * 9
     tl.store(stamps, _now(p))
     lo = p * CHUNK
     hi = tl.minimum(lo + CHUNK, NNZ)
@@ -136,7 +137,7 @@ def _traced_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, ro
         _decode_store(y_ptr, b_ptr, acc, r, T, N_OUT, BH, False, BLOCK_M)
         done += tl.sum(tl.sum(acc, axis=1), axis=0)
     tl.store(stamps + 4, _now(done.to(tl.int32, bitcast=True)))
-    if OVERLAP:
+    if OVERLAP and not (LATE_TRIGGER and owned):
         gdc_launch_dependents()
     if owned and LAST_SUMS:
         old = _hand_in(part_ptr, count_ptr, y_ptr, mine, 2 * p + 1, r_lo, tl.load(row_ptr_ptr + r_lo) // CHUNK, p, p,
@@ -150,17 +151,33 @@ def _traced_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, ro
             while seen < p - q0:
                 seen = tl.atomic_add(count_ptr + first, 0, sem="acquire")
             tl.store(stamps + 6, _now(seen))
-            for q in range(q0, p):
-                parts += tl.load(part_ptr + q * T * BH + tile, mask=m_ok[:, None], other=0.0,
-                                 cache_modifier=".cg")
+            if PARTS_AT_ONCE:  # up to four partials' loads issued together, added in program order
+                for q in range(q0, p, 4):
+                    at = part_ptr + q * T * BH + tile
+                    g0 = tl.load(at, mask=m_ok[:, None], other=0.0, cache_modifier=".cg")
+                    g1 = tl.load(at + T * BH, mask=m_ok[:, None] & (q + 1 < p), other=0.0, cache_modifier=".cg")
+                    g2 = tl.load(at + 2 * T * BH, mask=m_ok[:, None] & (q + 2 < p), other=0.0, cache_modifier=".cg")
+                    g3 = tl.load(at + 3 * T * BH, mask=m_ok[:, None] & (q + 3 < p), other=0.0, cache_modifier=".cg")
+                    parts += g0
+                    parts += g1
+                    parts += g2
+                    parts += g3
+            else:
+                for q in range(q0, p):
+                    parts += tl.load(part_ptr + q * T * BH + tile, mask=m_ok[:, None], other=0.0,
+                                     cache_modifier=".cg")
+            tl.store(stamps + 8, _now(tl.sum(tl.sum(parts, axis=1), axis=0).to(tl.int32, bitcast=True)))
         else:
             tl.store(stamps + 6, _now(p))
         _decode_store(y_ptr, b_ptr, parts + mine, first, T, N_OUT, BH, False, BLOCK_M)
         tl.atomic_xchg(count_ptr + first, 0)
         tl.store(stamps + 5, _now(ready))
+        tl.store(stamps + 7, (tl.load(row_ptr_ptr + r_lo) // CHUNK).to(tl.int64))  # the row's first program
     else:
         tl.store(stamps + 5, _now(p))
         tl.store(stamps + 6, _now(p))
+    if OVERLAP and LATE_TRIGGER and owned:  # an owner lets the next launch start once its row is stored
+        gdc_launch_dependents()
 
 
 @triton.jit
@@ -184,6 +201,28 @@ def _hand_in(part_ptr, count_ptr, y_ptr, own, slot, r, q0, q1, p, T, N_OUT, tile
     return old
 
 
+def _critical(st, t0) -> dict:
+    """The owners' tails: for the owner that ends last, when (from the layer's first entry) its
+    contributors' last partial was in (their stamp 3), its own whole rows were done (4), it saw the
+    count (6) and stored the row (5), and its end's lag behind the layer's slowest stream (the
+    latest stamp 4 of any program); over all owners, the medians of count seen less their last
+    contributor's partial (the signal's trip) and of stored less count seen (the partials' loads)."""
+    owners = [int(p) for p in (st[:, 7] >= 0).nonzero().flatten().tolist()]
+    if not owners:
+        return {"last_owner": [0.0] * 5, "owners_signal": 0.0, "owners_fixup": 0.0, "owners_loads": 0.0,
+                "owners_parts": 0, "last_owner_parts": 0}
+    ready = {p: st[int(st[p, 7]):p, 3].max().item() if int(st[p, 7]) < p else st[p, 3].item() for p in owners}
+    last = max(owners, key=lambda p: st[p, 5].item())
+    slowest = st[:, 4].max().item()
+    return {"last_owner": [ready[last] - t0, st[last, 4].item() - t0, st[last, 6].item() - t0, st[last, 5].item() - t0,
+                           st[last, 5].item() - slowest],
+            "owners_signal": sorted(st[p, 6].item() - max(ready[p], st[p, 4].item()) for p in owners)[len(owners) // 2],
+            "owners_fixup": sorted(st[p, 5].item() - st[p, 6].item() for p in owners)[len(owners) // 2],
+            "owners_loads": sorted(st[p, 8].item() - st[p, 6].item() for p in owners)[len(owners) // 2],
+            "owners_parts": sorted(p - int(st[p, 7]) for p in owners)[len(owners) // 2],
+            "last_owner_parts": last - int(st[last, 7])}
+
+
 def trace(k_in: int, n_out: int, tokens: int, density: float, args, dev) -> dict:
     dt, n = torch.bfloat16, args.layers
     g = torch.Generator().manual_seed(0)
@@ -197,8 +236,10 @@ def trace(k_in: int, n_out: int, tokens: int, density: float, args, dev) -> dict
     ys = [torch.empty(tokens, n_out, device=dev, dtype=dt) for _ in range(n)]
     part = torch.empty(2 * programs, tokens, 64, device=dev)  # --last-sums: two slots a program
     counts = [torch.zeros(n_out // 64, dtype=torch.int32, device=dev) for _ in range(n)]
-    stamps = torch.zeros(n, programs, 8, dtype=torch.int64, device=dev)
+    stamps = torch.zeros(n, programs, 9, dtype=torch.int64, device=dev)
+    stamps[:, :, 7] = -1  # the owners write their row's first program there
     early, overlap = triton_sizing.decode_start(dev)
+    early = args.early if args.early is not None and early else early
 
     def layers():
         for i in range(n):
@@ -208,7 +249,8 @@ def trace(k_in: int, n_out: int, tokens: int, density: float, args, dev) -> dict
                                      PRECISION="tf32", BLOCK_K=64, EARLY=early, OVERLAP=overlap,
                                      BLOCK_M=max(16, triton_sizing.pow2(tokens)), num_warps=args.warps,
                                      num_stages=args.stages, launch_pdl=overlap, HEAD_FIRST=args.head_first,
-                                     EARLY_PARTS=args.early_parts, LAST_SUMS=args.last_sums)
+                                     EARLY_PARTS=args.early_parts, LAST_SUMS=args.last_sums,
+                                     PARTS_AT_ONCE=args.parts_at_once, LATE_TRIGGER=args.late_trigger)
     us = graph_us(layers, dev, n)
     for i in (0, n - 1):  # the traced kernel computes what the package does
         ref = x.float() @ lays[i].scatter(ws[i].float()).t()
@@ -231,6 +273,7 @@ def trace(k_in: int, n_out: int, tokens: int, density: float, args, dev) -> dict
             "next_released": (nxt[:, 1].min() - t[:, 5].max()).item(),
             "owner_wait": (s[i, :progs, 6].double() - t[:, 4]).median().item(),
             "owner_loads": (t[:, 5] - s[i, :progs, 6].double()).median().item(),
+            **_critical(s[i, :progs].double(), t0.item()),
         })
 
     def med(key, j=None):
@@ -244,6 +287,10 @@ def trace(k_in: int, n_out: int, tokens: int, density: float, args, dev) -> dict
            "at_median_us": [med("at_median", k) for k in range(6)], "at_max_us": [med("at_max", k) for k in range(6)],
            "step_median_us": [med("steps_median", k) for k in range(5)],
            "step_max_us": [med("steps_max", k) for k in range(5)],
+           "last_owner_us": [med("last_owner", k) for k in range(5)],
+           "owners_signal_us": med("owners_signal"), "owners_fixup_us": med("owners_fixup"),
+           "owners_loads_us": med("owners_loads"), "owners_parts": med("owners_parts") * 1000,
+           "last_owner_parts": med("last_owner_parts") * 1000,
            "timer_grain_ns": _grain((s[2:, :, :6] - s[2, 0, 0]).flatten()[:4096].tolist())}
     return out
 
@@ -274,23 +321,24 @@ def check(seed: int = 0, layouts: int = 12) -> None:
         ref = x.double() @ lay.scatter(w.double()).t()
         for chunk in range(1, lay.nnz + 2):
             programs = max(1, -(-lay.nnz // chunk))
-            for head_first, last_sums, reverse in ((False, False, False), (True, False, False), (True, True, False),
-                                                   (True, True, True)):
+            for head_first, last_sums, reverse, at_once in ((False, False, False, False), (True, False, False, False),
+                                                            (True, False, False, True), (True, True, False, False),
+                                                            (True, True, True, False)):
                 y = torch.full((tokens, n_out), float("nan"))
                 part = torch.full((2 * programs, tokens, 16), float("nan"))
                 counts = torch.zeros(grid[0], dtype=torch.int32)
-                stamps = torch.zeros(programs, 8, dtype=torch.int64)
+                stamps = torch.zeros(programs, 9, dtype=torch.int64)
                 _traced_kernel[(programs,)](x, w, w, y, part, counts, idx.cols, idx.row_ptr, idx.rows, stamps, tokens,
                                             k_in, n_out, lay.nnz, chunk, BH=16, BW=16, PRECISION="ieee", BLOCK_K=16,
                                             EARLY=0, OVERLAP=False, BLOCK_M=16, HEAD_FIRST=head_first,
-                                            LAST_SUMS=last_sums, REVERSE=reverse)
+                                            LAST_SUMS=last_sums, REVERSE=reverse, PARTS_AT_ONCE=at_once)
                 err = (y.double() - ref).abs().max().item() if y.numel() else 0.0
                 if not err <= 1e-4 * max(1.0, ref.abs().max().item()) or counts.any():
                     bad += 1
                     print(f"layout {i} {mask.int().tolist()} chunk {chunk} head_first {head_first} last_sums "
-                          f"{last_sums} reverse {reverse}: err {err}, counts {counts.tolist()}")
-    print(f"{'ok' if not bad else f'{bad} bad'}: {layouts} layouts, every run length, three ways (the last also with "
-          "the programs run last to first)")
+                          f"{last_sums} reverse {reverse} at once {at_once}: err {err}, counts {counts.tolist()}")
+    print(f"{'ok' if not bad else f'{bad} bad'}: {layouts} layouts, every run length, five ways (head first also with "
+          "the partials loaded four at once; the last sums also with the programs run last to first)")
 
 
 def main() -> None:
@@ -310,6 +358,14 @@ def main() -> None:
     ap.add_argument("--last-sums", action="store_true",
                     help="with --head-first: each program hands in its partials of its cut rows and counts itself in; "
                          "the last to count in sums the row (no program waits for another)")
+    ap.add_argument("--early", type=int, help="the lines asked into L2 before the wait (a power of 2; the "
+                    "package's DECODE_EARLY_LINES if not given)")
+    ap.add_argument("--parts-at-once", action="store_true",
+                    help="an owner issues the loads of up to four earlier programs' partials together (added in "
+                         "program order), where the package loads them one at a time past 16 tokens")
+    ap.add_argument("--late-trigger", action="store_true",
+                    help="an owner lets the next launch start after its fix-up, not once its blocks are read, so the "
+                         "next layer's early lines don't meet the owners' partials' loads")
     ap.add_argument("--json")
     ap.add_argument("--check", action="store_true",
                     help="the kernel against dense on the CPU (run with TRITON_INTERPRET=1), no timing")
@@ -330,6 +386,11 @@ def main() -> None:
                       + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(r["at_median_us"], r["at_max_us"]))
                       + f"; fix-up: count seen {r['owner_wait_us']:.2f} after the whole rows, the row stored "
                       f"{r['owner_loads_us']:.2f} after that (median program)"
+                      + "; last owner: parts in, own rows done, count seen, stored, lag behind the slowest stream "
+                      + "/".join(f"{v:.2f}" for v in r["last_owner_us"])
+                      + f" ({r['last_owner_parts']:.0f} partials)"
+                      + f"; owners (median): signal {r['owners_signal_us']:.2f}, loads {r['owners_loads_us']:.2f}, "
+                      f"loads+store {r['owners_fixup_us']:.2f} ({r['owners_parts']:.0f} partials)"
                       + f"; next layer released {r['next_released_after_end_us']:.2f} after the last end; "
                       f"timer grain {r['timer_grain_ns']} ns", flush=True)
     if args.json:
