@@ -130,15 +130,30 @@ def test_load_inline_without_implicit_headers(cache_dir):
     assert opforge.load_inline("inline_plain", pymod_source("inline_plain", 42), no_implicit_headers=True) is mod
 
 
-def test_load_inline_pybind_functions_like_torch(shared_cache, monkeypatch):
-    """The classic torch/extension.h + generated pybind11 bindings (one ~30 s compile per session)."""
-    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(shared_cache))
-    cpp = "torch::Tensor scale_add(torch::Tensor x, torch::Tensor y, double a) { return x + a * y; }"
-    mod = opforge.load_inline("inline_pybind", cpp, functions=["scale_add"], extra_cflags=["-O1"])
+@pytest.fixture(scope="module")
+def inline_pybind(shared_cache):
+    """The classic torch/extension.h + generated pybind11 bindings, built once per session for the two
+    tests that use it: load_inline(use_pch=True) with OPFORGE_PCH=0, as torch's use_pch, so the build
+    makes the shared PCH first and uses it (test_shared_precompiled_torch_header). A source that includes
+    torch/extension.h costs ~40 s plain and ~16 s with the PCH (GCC instantiates the header's templates
+    in every such source); -O0, opforge's default level, is the cheapest."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("OPFORGE_CACHE_DIR", str(shared_cache))
+    mp.setenv("OPFORGE_PCH", "0")
+    try:
+        cpp = "torch::Tensor scale_add(torch::Tensor x, torch::Tensor y, double a) { return x + a * y; }"
+        return opforge.load_inline("inline_pybind", cpp, functions=["scale_add"], use_pch=True, extra_cflags=["-O0"])
+    finally:
+        mp.undo()
+
+
+def test_load_inline_pybind_functions_like_torch(inline_pybind):
+    """load_inline's generated bindings call the function, and torch's errors come through
+    wrap_pybind_function (the build: the ``inline_pybind`` fixture)."""
     x, y = torch.randn(5), torch.randn(5)
-    torch.testing.assert_close(mod.scale_add(x, y, 0.5), x + 0.5 * y)
-    with pytest.raises(RuntimeError):  # torch errors come through wrap_pybind_function
-        mod.scale_add(torch.randn(2), torch.randn(3), 1.0)
+    torch.testing.assert_close(inline_pybind.scale_add(x, y, 0.5), x + 0.5 * y)
+    with pytest.raises(RuntimeError):
+        inline_pybind.scale_add(torch.randn(2), torch.randn(3), 1.0)
 
 
 def test_build_directory_is_the_ninja_workspace(cache_dir, make_pymod, tmp_path):
@@ -199,37 +214,37 @@ def test_max_jobs_is_handed_to_ninja(cache_dir, make_pymod, monkeypatch):
     assert ninja_runs and ninja_runs[0][-2:] == ["-j", "1"]
 
 
-def test_shared_precompiled_torch_header(shared_cache, monkeypatch, tmp_path, capfd):
+def test_shared_precompiled_torch_header(inline_pybind, shared_cache, monkeypatch, tmp_path):
     """The PCH with GCC (the suite turns it off, this test on): load_inline(use_pch=True), as torch's
-    use_pch, makes it before its build (OPFORGE_PCH=0 notwithstanding); builds with the same flags use it
-    from then on, under the default (auto), each source that includes torch/extension.h. When it is made
-    in the background, and the cap: test_pch_lifecycle.py."""
-    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(shared_cache))
-    monkeypatch.setenv("OPFORGE_PCH", "0")
-    mod = opforge.load_inline("pch_inline", "int seven() { return 7; }", functions=["seven"], use_pch=True,
-                              extra_cflags=["-O1"])
-    assert mod.seven() == 7
+    use_pch, makes it before its build (OPFORGE_PCH=0 notwithstanding: the ``inline_pybind`` fixture);
+    builds with the same flags use it from then on, under the default (auto), in each source that
+    includes torch/extension.h, and not in the others. The PCH extension's one torch source reaches
+    torch/extension.h after a comment, through a local header that defines a Windows-only macro first,
+    as DeepSpeed's cpu_adam.cpp does (cpu_adam.h: NOMINMAX): the same meaning, so it qualifies (the other
+    preambles, one by one: test_pch.py). When the PCH is made in the background, and the cap:
+    test_pch_lifecycle.py."""
     (gch,) = (shared_cache / ".pch").glob("*.h.gch")
     assert gch.stat().st_size > 0
     header = str(gch)[: -len(".gch")]
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(shared_cache))
     monkeypatch.setenv("OPFORGE_PCH", "auto")
-    # The second reaches torch/extension.h through a local header that defines a Windows-only macro
-    # first, as DeepSpeed's cpu_adam.cpp does (cpu_adam.h: NOMINMAX): the same meaning, so it qualifies.
     (tmp_path / "local.h").write_text("#pragma once\n#define NOMINMAX\n#include <stdio.h>\n#include <torch/extension.h>\n")
-    firsts = ["// a comment first, as real files have\n#include <torch/extension.h>\n", '#include "local.h"\n']
-    mods = []
-    for i, (scale, first) in enumerate(zip((2, 3), firsts)):
-        src = tmp_path / f"pch_ext{i}.cpp"
-        src.write_text(first + f"torch::Tensor f(torch::Tensor x) {{ return x * {scale}; }}\n"
-                       'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("f", &f); }\n')
-        mods.append(opforge.load(f"pch_ext{i}", [str(src)], extra_cflags=["-O1"]))
+    (tmp_path / "pch_ext.cpp").write_text(
+        '// a comment first, as real files have\n#include "local.h"\nint offset();\n'
+        "torch::Tensor f(torch::Tensor x) { return x * 3 + offset(); }\n"
+        'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("f", &f); }\n')
+    (tmp_path / "no_torch.cpp").write_text("int offset() { return 1; }\n")  # no torch/extension.h: no PCH
+    mod = opforge.load("pch_ext", [str(tmp_path / "pch_ext.cpp"), str(tmp_path / "no_torch.cpp")], extra_cflags=["-O0"])
     x = torch.randn(6)
-    torch.testing.assert_close(mods[0].f(x), x * 2)
-    torch.testing.assert_close(mods[1].f(x), x * 3)
+    torch.testing.assert_close(mod.f(x), x * 3 + 1)
     assert list((shared_cache / ".pch").glob("*.h.gch")) == [gch]  # the same one
-    for name in ("pch_inline", "pch_ext0", "pch_ext1"):
+    for name, sources in (("inline_pybind", {"main.cpp": True}), ("pch_ext", {"pch_ext.cpp": True, "no_torch.cpp": False})):
         (build,) = [p for p in (shared_cache / name).glob(".build-*") if p.is_dir()]
-        assert f"-include {header}" in (build / "build.log").read_text()
+        compiles = [ln for ln in (build / "build.log").read_text().splitlines() if " -c " in ln]
+        assert len(compiles) == len(sources), compiles
+        for src, uses in sources.items():
+            (line,) = [ln for ln in compiles if f"/{src} " in ln]
+            assert (f"-include {header} " in line) is uses, line
         manifest = next(p for p in (shared_cache / name).iterdir() if not p.name.startswith("."))
         assert ".pch" not in (manifest / "manifest.json").read_text()  # an accelerator, not a dependency
 
