@@ -4,8 +4,8 @@ at decoration time whether a kernel compiles or interprets). Prints one JSON lin
 
     python interpreted.py op SEED CASES SMS [TOKENS]   the whole path of triton_impl.py
                                                       (TOKENS: every call has TOKENS to TOKENS + 276)
-    python interpreted.py decode SEED LAYOUTS          _decode_kernel with every run length
-    python interpreted.py uncut SEED LAYOUTS           _decode_uncut_kernel with every share a program
+    python interpreted.py decode SEED LAYOUTS          _decode_kernel with every run length (``shares``)
+    python interpreted.py uncut SEED LAYOUTS           _decode_uncut_kernel with every share a program (``shares``)
 
 ``op``: random calls of ``forward``, ``grad_input`` and ``grad_weight(_bias)`` (block sides of the
 kernels, grids of 1-4 blocks, empty rows and columns, 0-400 tokens, now and then 1024-1300, x aligned
@@ -20,12 +20,13 @@ before every launch that uses it and at the end, and one of the decode kernel's 
 checked empty before every launch that uses it.
 
 ``decode``: ``_decode_kernel`` on random tiny layouts (empty ones, empty and full rows) with every
-blocks-per-program from 1 to past the whole list, both walks (one loop, a loop per row), with a
+blocks-per-program from 1 to past the longest row, the whole list and past it (``shares``), both walks (one loop, a loop per row), with a
 bias or not: up to 16 tokens the partial slots empty again after each launch; past that fresh
 partials filled with NaN (a slot read before it is written shows) and the counts back at zero.
 
 ``uncut``: ``_decode_uncut_kernel`` on the same kind of layouts, with units of a whole block-row and of
-a half or a quarter of one, every share a program from one slice to past the whole list, y filled
+a half or a quarter of one, every share a program from one slice to past the longest row, the whole
+list and past it (``shares``), y filled
 with NaN (an output no program stores shows).
 
 The interpreter runs a launch's programs one after another, in order: this checks the kernels'
@@ -215,6 +216,20 @@ def _tiny(rng: random.Random, blocks: list):
     return lay, tokens, x, torch.randn(lay.nnz, bh, bw, generator=g), torch.randn(lay.shape[0], generator=g)
 
 
+def shares(longest: int, total: int) -> list[int]:
+    """The shares a program (``CHUNK``) to launch with, for a list of ``total`` blocks (units) whose longest
+    row has ``longest``: every share from one to one past the longest row (a row cut by every number of
+    programs it can be, each bound of a program at every place in the list), then the whole list and one
+    past it (one program). The shares between cut no row more than once, as the longest row's share
+    already does, and put bounds where those smaller than them do; they cost the most (each launch runs
+    the whole list).
+
+    >>> shares(3, 12), shares(5, 5), shares(0, 0)
+    ([1, 2, 3, 4, 12, 13], [1, 2, 3, 4, 5, 6], [1])
+    """
+    return sorted({*range(1, min(longest + 1, total) + 1), total, total + 1} - {0})
+
+
 def decode(seed: int, layouts: int) -> dict:
     from opforge.kernels.block_sparse import triton_sizing
     from opforge.kernels.block_sparse.layout import BlockSparseLayout
@@ -235,7 +250,7 @@ def decode(seed: int, layouts: int) -> dict:
         ref = x.double() @ lay.scatter(w.double()).t() + (b.double() if has_bias else 0)
         counts = torch.zeros(lay.grid[0], dtype=torch.int32)
         slots = tokens <= triton_sizing.DECODE_SLOT_TOKENS  # else fresh fp32 partials (NaN until written), counted
-        for chunk in range(1, lay.nnz + 2):
+        for chunk in shares(int(lay.mask.sum(1).max()) if lay.nnz else 0, lay.nnz):
             programs = max(1, -(-lay.nnz // chunk))
             for flat in (True, False):
                 y = torch.full((tokens, out_f), float("nan"))
@@ -269,7 +284,7 @@ def uncut(seed: int, layouts: int) -> dict:
         has_bias = rng.random() < 0.5
         ref = x.double() @ lay.scatter(w.double()).t() + (b.double() if has_bias else 0)
         total = bh // sub * lay.nnz
-        for chunk in range(1, total + 2):
+        for chunk in shares(bh // sub * int(lay.mask.sum(1).max()) if lay.nnz else 0, total):
             programs = max(1, -(-total // chunk))
             y = torch.full((tokens, out_f), float("nan"))
             _decode_uncut_kernel[(programs,)](x, w, b, y, idx.cols, idx.row_ptr, tokens, in_f, out_f, total, chunk,

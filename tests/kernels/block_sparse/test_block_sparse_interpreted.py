@@ -59,8 +59,9 @@ def test_the_weight_gradient_split_over_tokens():
 
 def test_decode_kernel_every_run_length():
     """``_decode_kernel`` on 30 random tiny layouts (empty ones, empty and full rows), every count of
-    blocks a program from one to past the whole list: rows cut anywhere, owners after any number of
-    partials; NaN in the partial slots, counts back at zero after each launch."""
+    blocks a program from one to past the longest row, then the whole list and past it
+    (``interpreted.shares``): rows cut anywhere, owners after any number of partials; NaN in the
+    partial slots, counts back at zero after each launch."""
     got = interpreted("decode", 3, 30)
     assert got["bad"] == [], json.dumps(got["bad"][:3], indent=1)
     assert got["launches"] > 150
@@ -68,8 +69,9 @@ def test_decode_kernel_every_run_length():
 
 def test_uncut_kernel_every_share():
     """``_decode_uncut_kernel`` on 30 random tiny layouts, units of a whole block-row, a half or a
-    quarter, every share a program from one slice to past the whole list: each output stored once
-    by one program (y starts as NaN), empty rows (the bias) too, wherever the shares fall."""
+    quarter, every share a program from one slice to past the longest row, then the whole list and past
+    it (``interpreted.shares``): each output stored once by one program (y starts as NaN), empty rows
+    (the bias) too, wherever the shares fall."""
     got = interpreted("uncut", 3, 30)
     assert got["bad"] == [], json.dumps(got["bad"][:3], indent=1)
     assert got["launches"] > 150
