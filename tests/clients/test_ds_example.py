@@ -82,6 +82,13 @@ def _use(py, tmp, compiler=True) -> dict:
     return json.loads(run_in(py, tmp, CODE, compiler=compiler).splitlines()[-1])
 
 
+@pytest.fixture(scope="module")
+def prebuilt(aot):
+    """CODE run against the wheel's prebuilt variant with no compiler: one run for the two tests that read it."""
+    tmp, _, _, py = aot
+    return _use(py, tmp, compiler=False)
+
+
 def test_the_wheel_carries_deepspeeds_sources_unchanged_and_one_prebuilt_variant(aot):
     _, whl, log, _ = aot
     variant = best_variant()
@@ -96,9 +103,8 @@ def test_the_wheel_carries_deepspeeds_sources_unchanged_and_one_prebuilt_variant
     assert "-march=native" not in " ".join(info["extensions"][variant]["cflags"])  # explicit ISA flags instead
 
 
-def test_prebuilt_loads_with_no_compiler_and_steps_as_torch_adamw(aot):
-    tmp, _, _, py = aot
-    got = _use(py, tmp, compiler=False)
+def test_prebuilt_loads_with_no_compiler_and_steps_as_torch_adamw(prebuilt):
+    got = prebuilt
     assert (got["name"], got["origin"], got["cached"]) == (best_variant(), "prebuilt", [])
     assert got["vs_adamw"] < 1e-5 and got["vs_reference"] < 1e-5
 
@@ -120,7 +126,7 @@ def test_doctor_checks_the_packages_prebuilt_binary(aot):
     assert check["status"] == "ok", check
 
 
-def test_plain_wheel_builds_just_in_time_then_loads_from_the_cache_identically(aot, plain):
+def test_plain_wheel_builds_just_in_time_then_loads_from_the_cache_identically(prebuilt, plain):
     tmp, whl, _, py = plain
     with zipfile.ZipFile(whl) as z:
         assert not [n for n in z.namelist() if n.endswith(".so")] and "dsadam/csrc/adam/cpu_adam.cpp" in z.namelist()
@@ -129,8 +135,7 @@ def test_plain_wheel_builds_just_in_time_then_loads_from_the_cache_identically(a
     assert first["vs_adamw"] < 1e-5 and first["vs_reference"] < 1e-5
     second = _use(py, tmp, compiler=False)
     assert (second["origin"], second["path"], second["bits"]) == ("cached", first["path"], first["bits"])
-    prebuilt = _use(aot[3], aot[0], compiler=False)  # setuptools' build of the same sources and flags
-    assert prebuilt["bits"] == first["bits"]
+    assert prebuilt["bits"] == first["bits"]  # setuptools' build of the same sources and flags
 
 
 def test_plain_wheel_with_no_compiler_runs_deepspeeds_functions_in_torch(plain, tmp_path):
