@@ -1,0 +1,222 @@
+"""Probe: the decode kernels at a handful of tokens without the tensor cores (issue 35).
+
+At T=1 the decode kernels still multiply through ``tl.dot`` on a tile of 16 token rows, 15 of them
+masked: every block of w goes through shared memory in the MMA's layout, and x's slice is a 16 x 64
+tile. The twentieth session measured the floors at d=0.1: the bare read of the kept bytes at 6.1 us
+a layer, the block-by-block MMA kernel at 6.8 (x once) and 7.1 (x each block), the package at 7.4.
+The bare read keeps its bytes in registers. Here the products are multiply-adds instead:
+``acc[t, h] += sum_k x[t, k] * w[k, h]`` as a broadcast product and a sum over k (``_mac``), on a
+token tile of ``pow2(T)`` rows (1 at T=1).
+
+The kernels are the package's ``_decode_kernel`` and ``_decode_uncut_kernel``, with one edit made on
+their source here (``gemv_kernels``): each ``tl.dot`` becomes ``_mac``, which keeps ``tl.dot`` for tiles
+of 16 rows or more. So at BLOCK_M >= 16 they are the package's kernels, instruction for instruction.
+
+Timed in one process against the package's kernels as they are (16 rotated layers, one CUDA graph,
+programmatic dependents with the early L2 lines), each at its best of the configs swept.
+
+Usage::
+
+    python bench/cuda_probe/decode_gemv.py [--shapes 4096x14336,14336x4096] [--tokens 1,2,4]
+        [--densities 0.5,0.25,0.1] [--waves 1,2,3,4,6] [--pipes 4x4,4x8,2x8,8x4] [--json FILE]
+    TRITON_INTERPRET=1 python bench/cuda_probe/decode_gemv.py --check   # against fp64 dense, on the CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import tempfile
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+from opforge.kernels.block_sparse import triton_decode, triton_sizing  # noqa: E402
+from opforge.kernels.block_sparse.layout import BlockSparseLayout  # noqa: E402
+from opforge.kernels.block_sparse.triton_decode import _decode_kernel, _decode_uncut_kernel  # noqa: E402
+
+_DOT = "acc = tl.dot(xt, wt, acc, input_precision=PRECISION)"
+_MAC = '''
+
+@jit
+def _mac(xt, wt, acc, PRECISION: tl.constexpr):
+    """acc + xt @ wt: multiply-adds for a tile of under 16 token rows, else the tensor cores."""
+    if xt.shape[0] < 16:
+        return acc + tl.sum(xt.to(tl.float32)[:, :, None] * wt.to(tl.float32)[None, :, :], axis=1)
+    else:
+        return tl.dot(xt, wt, acc, input_precision=PRECISION)
+'''
+
+
+def gemv_kernels():
+    """(``_decode_kernel``, ``_decode_uncut_kernel``) with each ``tl.dot`` through ``_mac`` (three of them)."""
+    with open(triton_decode.__file__) as f:
+        src = f.read()
+    if src.count(_DOT) != 3:
+        raise RuntimeError(f"the package's decode kernels changed: {_DOT!r} is there {src.count(_DOT)} times")
+    old_import = "from ..triton_compat import"
+    if src.count(old_import) != 1:
+        raise RuntimeError("the package's decode kernels changed: their import")
+    src = src.replace(old_import, "from opforge.kernels.triton_compat import")
+    src = src.replace(_DOT, "acc = _mac(xt, wt, acc, PRECISION)") + _MAC
+    where = tempfile.mkdtemp(prefix="decode_gemv_")
+    with open(os.path.join(where, "_decode_gemv_gen.py"), "w") as f:
+        f.write(src)
+    sys.path.insert(0, where)
+    mod = importlib.import_module("_decode_gemv_gen")
+    return mod._decode_kernel, mod._decode_uncut_kernel
+
+
+def launch(kernels, kind, programs, x, w, b, y, part, counts, idx, tokens, k_in, n_out, nnz, chunk, bh, bw, prec,
+           early, overlap, block_m, warps, stages, flat, has_bias=False):
+    decode, uncut = kernels
+    common = dict(BH=bh, BW=bw, HAS_BIAS=has_bias, PRECISION=prec, BLOCK_K=min(bw, 64), OVERLAP=overlap,
+                  BLOCK_M=block_m, WAVES=0, num_warps=warps, num_stages=stages)
+    if overlap:
+        common["launch_pdl"] = True
+    if kind == "uncut":  # 64-blocks: a unit is a whole block-row; chunk and nnz count units
+        uncut[(programs,)](x, w, b, y, idx.cols, idx.row_ptr, tokens, k_in, n_out, nnz, chunk,
+                           SUB=min(bh, 64), SEARCH=triton_sizing.decode_search(n_out // bh), **common)
+    else:
+        slots = tokens <= triton_sizing.DECODE_SLOT_TOKENS
+        decode[(programs,)](x, w, b, y, part if slots else part.view(torch.float32), counts, idx.cols, idx.row_ptr,
+                            idx.rows, tokens, k_in, n_out, nnz, chunk, EARLY=early, FLAT=flat, **common)
+
+
+def check(seed: int = 0, layouts: int = 10) -> None:
+    """``--check`` (``TRITON_INTERPRET=1``): both edited kernels at tiles of 1, 2 and 4 rows against fp64
+    dense, on tiny random layouts (empty rows, full rows), every run length, with and without a bias."""
+    kernels = gemv_kernels()
+    g = torch.Generator().manual_seed(seed)
+    bad = runs = 0
+    for i in range(layouts):
+        grid = (int(torch.randint(1, 5, (1,), generator=g)), int(torch.randint(1, 6, (1,), generator=g)))
+        dens = 1.0 if i == 0 else torch.rand(1, generator=g).item()
+        mask = torch.rand(grid, generator=g) < dens
+        if i == 1:
+            mask[:] = False
+        lay = BlockSparseLayout(mask, (16, 32 if i % 3 == 2 else 16))
+        bh, bw = lay.block_shape
+        idx, (n_out, k_in) = lay.indices(), lay.shape
+        for tokens in (1, 2, 3):
+            block_m = triton_sizing.pow2(tokens)
+            x = torch.randn(tokens, k_in, generator=g)
+            w = torch.randn(lay.nnz, bh, bw, generator=g)
+            b = torch.randn(n_out, generator=g)
+            for has_bias in (False, True):
+                ref = x.double() @ lay.scatter(w.double()).t() + (b.double() if has_bias else 0.0)
+                for chunk in range(1, lay.nnz + 2):
+                    for kind, flat in (("decode", True), ("decode", False), ("uncut", False)):
+                        total = lay.nnz if kind == "decode" else lay.nnz  # SUB = bh: a unit a block-row
+                        programs = max(1, -(-total // chunk))
+                        y = torch.full((tokens, n_out), float("nan"))
+                        part = torch.full((programs + 1, tokens, bh), triton_sizing.SLOT_EMPTY, dtype=torch.int32)
+                        counts = torch.zeros(grid[0], dtype=torch.int32)
+                        launch(kernels, kind, programs, x, w, b, y, part, counts, idx, tokens, k_in, n_out, total,
+                               chunk, bh, bw, "ieee", 0, False, block_m, 4, 2, flat, has_bias)
+                        runs += 1
+                        err = (y.double() - ref).abs().max().item() if y.numel() else 0.0
+                        if not (err < 1e-3) or counts.any() or not bool((part == triton_sizing.SLOT_EMPTY).all()):
+                            bad += 1
+                            print(f"layout {i} T={tokens} {kind} flat={flat} chunk {chunk}: err {err}")
+    print(f"{'ok' if not bad else f'{bad} bad'}: {runs} runs over {layouts} layouts")
+    if bad:
+        raise SystemExit(1)
+
+
+def time_row(kernels, k_in, n_out, tokens, density, args, dev) -> dict:
+    from decode_floor import graph_us  # bench/block_sparse_decode.py's
+
+    dt, n = torch.bfloat16, args.layers
+    g = torch.Generator().manual_seed(0)
+    lays = [BlockSparseLayout.random(n_out, k_in, density, (64, 64), generator=g) for _ in range(n)]
+    idx = [lay.indices(dev) for lay in lays]
+    ws = [torch.randn(lay.nnz, 64, 64, device=dev, dtype=dt) for lay in lays]
+    x = torch.randn(tokens, k_in, device=dev, dtype=dt)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    ys = [torch.empty(tokens, n_out, device=dev, dtype=dt) for _ in range(n)]
+    counts = [torch.zeros(n_out // 64, dtype=torch.int32, device=dev) for _ in range(n)]
+    part = torch.full((8 * sms + 8, tokens, 64), triton_sizing.SLOT_EMPTY, dtype=torch.int32, device=dev)
+    early, overlap = triton_sizing.decode_start(dev)
+    refs = [x.float() @ lays[i].scatter(ws[i].float()).t() for i in (0, n - 1)]
+    dense_w = [torch.randn(n_out, k_in, device=dev, dtype=dt) for _ in range(n)]
+    dense_us = graph_us(lambda: [torch.nn.functional.linear(x, dw) for dw in dense_w], dev, n)
+    dense_w.clear()
+    row = {"in": k_in, "out": n_out, "tokens": tokens, "density": density, "dense_us": dense_us, "all": []}
+    variants = [("decode", 16, (True, False)), ("decode mac", triton_sizing.pow2(tokens), (True, False)),
+                ("uncut", 16, (False,)), ("uncut mac", triton_sizing.pow2(tokens), (False,))]
+    for name, block_m, flats in variants:
+        kind = name.split()[0]
+        use = kernels if name.endswith("mac") else (_decode_kernel, _decode_uncut_kernel)
+        best = None
+        for waves in map(int, args.waves.split(",")):
+            chunks = [triton_sizing.decode_chunk(lay.nnz, waves, sms) for lay in lays]
+            for pipe in args.pipes.split(","):
+                warps, stages = map(int, pipe.split("x"))
+                for flat in flats:
+                    def layers(chunks=chunks, warps=warps, stages=stages, flat=flat, use=use, kind=kind,
+                               block_m=block_m):
+                        for i in range(n):
+                            chunk, progs = chunks[i]
+                            launch(use, kind, progs, x, ws[i], ws[i], ys[i], part, counts[i], idx[i], tokens, k_in,
+                                   n_out, lays[i].nnz, chunk, 64, 64, "tf32", early, overlap, block_m, warps, stages,
+                                   flat)
+                    try:
+                        us = graph_us(layers, dev, n)
+                    except Exception as exc:  # noqa: BLE001 - a config that doesn't compile: reported
+                        print(f"  {name} waves {waves} {pipe} flat {flat}: {type(exc).__name__}: {str(exc)[:120]}")
+                        continue
+                    for j, i in enumerate((0, n - 1)):
+                        torch.testing.assert_close(ys[i].float(), refs[j], atol=0.05 * refs[j].abs().max().item(),
+                                                   rtol=0.02)
+                    assert not any(c.any() for c in counts), name
+                    assert bool((part == triton_sizing.SLOT_EMPTY).all()), "slots not emptied"
+                    row["all"].append({"variant": name, "waves": waves, "pipe": pipe, "flat": flat, "us": us})
+                    if best is None or us < best[0]:
+                        best = (us, waves, pipe, flat)
+        if best is not None:
+            row[name] = {"us": best[0], "waves": best[1], "pipe": best[2], "flat": best[3],
+                         "x_dense": dense_us / best[0]}
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="4096x14336,14336x4096")
+    ap.add_argument("--densities", default="0.5,0.25,0.1")
+    ap.add_argument("--tokens", default="1,2,4")
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--waves", default="1,2,3,4,6")
+    ap.add_argument("--pipes", default="4x4,4x8,2x8,8x4")
+    ap.add_argument("--json")
+    ap.add_argument("--check", action="store_true", help="against dense on the CPU (TRITON_INTERPRET=1)")
+    args = ap.parse_args()
+    if args.check:
+        return check()
+    kernels = gemv_kernels()
+    dev = torch.device("cuda")
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "config": vars(args), "rows": []}
+    print(res["device"], "GPU us per layer (graph, 16 rotated layers); each variant at its best config", flush=True)
+    for shape in args.shapes.split(","):
+        k_in, n_out = map(int, shape.split("x"))
+        for t in map(int, args.tokens.split(",")):
+            for d in map(float, args.densities.split(",")):
+                r = time_row(kernels, k_in, n_out, t, d, args, dev)
+                res["rows"].append(r)
+                print(f"{k_in}->{n_out} T={t} d={d}: dense {r['dense_us']:.1f}; "
+                      + "; ".join(f"{k} {r[k]['us']:.2f} ({r[k]['x_dense']:.2f}x, w{r[k]['waves']} {r[k]['pipe']}"
+                                  f"{' flat' if r[k]['flat'] else ''})" for k in ("decode", "decode mac", "uncut",
+                                                                                   "uncut mac") if k in r), flush=True)
+                if args.json:
+                    with open(args.json, "w") as f:
+                        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
