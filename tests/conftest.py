@@ -8,6 +8,7 @@ Tests that need torch's headers share one session-wide cache.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -131,19 +132,24 @@ class CompilerLog:
     """A CXX wrapper that logs each call's arguments, then runs g++ (or, with $SLOW_MARKER
     set, a compile (``-c``, not a probe) first writes its command line to that file and sleeps 60 s,
     to be killed mid-compile). With $CXX_RANK_LOG
-    set, each compile also logs the compiling process's $RANK there. None of CXX_LOG,
-    CXX_RANK_LOG and SLOW_MARKER is a build-key input; CXX is, so a test's processes share it."""
+    set, each compile also logs the compiling process's $RANK there. With $CXX_SAVE_OBJECTS or
+    $CXX_REUSE_OBJECTS set, a compile goes through tests/reused_objects.py: one build's objects kept, and
+    another build's identical commands served from them. None of CXX_LOG, CXX_RANK_LOG, SLOW_MARKER and
+    the two is a build-key input; CXX is, so a test's processes share it."""
 
     def __init__(self, directory):
         self.log = directory / "cxx.log"
         self.path = directory / "bin" / "cxx-wrapper"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        gxx = shlex.quote(shutil.which("g++") or "g++")
         self.path.write_text(
             "#!/bin/sh\n"
             'if [ -n "$CXX_LOG" ]; then printf \'%s\\n\' "$*" >> "$CXX_LOG"; fi\n'
             'if [ -n "$CXX_RANK_LOG" ]; then case " $* " in *" -c "*) echo "${RANK:-none}" >> "$CXX_RANK_LOG";; esac; fi\n'
             'if [ -n "$SLOW_MARKER" ]; then case " $* " in *" -c "*) printf \'%s\\n\' "$*" > "$SLOW_MARKER"; sleep 60;; esac; fi\n'
-            f'exec {shutil.which("g++") or "g++"} "$@"\n'
+            'if [ -n "$CXX_SAVE_OBJECTS$CXX_REUSE_OBJECTS" ]; then case " $* " in *" -c "*) '
+            f'exec {shlex.quote(sys.executable)} {shlex.quote(os.path.join(TESTS, "reused_objects.py"))} {gxx} "$@";; esac; fi\n'
+            f'exec {gxx} "$@"\n'
         )
         self.path.chmod(0o755)
 
