@@ -107,11 +107,32 @@ path (ninja, the lock, publish) in milliseconds. ``FAKE_CXX_LOG``: each call's a
 ``FAKE_PCH_FAIL``, ``FAKE_PCH_BYTES``, ``FAKE_BINARY_BYTES``: a failing PCH, the PCH's and binary's sizes."""
 
 
+@pytest.fixture(scope="session")
+def torch_record_seed(tmp_path_factory):
+    """torch's facts and CPU build flags as the engine records them in a cache (``<cache>/.tools``,
+    opforge/engine/torch_record.py), recorded once for the session by this process (which has torch imported)."""
+    from opforge.engine import flags, torch_record
+
+    seed = tmp_path_factory.mktemp("torch-record")
+    facts = torch_record.torch_facts(str(seed))
+    torch_record.cpu_build(str(seed), facts, lambda: flags._ask_torch("cpu", facts.version))
+    assert len(list((seed / ".tools").glob("torch-*.json"))) == 2, "torch's record was not written"
+    return seed / ".tools"
+
+
 @pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    """A fresh, empty cache root for this test (OPFORGE_CACHE_DIR points at it)."""
+def cache_dir(request, tmp_path, monkeypatch):
+    """A fresh cache root for this test (OPFORGE_CACHE_DIR points at it), holding no build: only torch's
+    record (``torch_record_seed``), as any cache has after its first build, so that the test's fresh
+    processes don't each import torch (2.5-4 s of CPU) for the build key. A test marked ``unrecorded_cache``
+    gets a root that doesn't exist yet (the engine makes it), for the cold start itself."""
     root = tmp_path / "cache"
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(root))
+    if request.node.get_closest_marker("unrecorded_cache") is None:
+        seed = request.getfixturevalue("torch_record_seed")
+        root.mkdir(mode=0o700)
+        root.chmod(0o700)
+        shutil.copytree(seed, root / ".tools")
     return root
 
 
