@@ -107,6 +107,10 @@ path (ninja, the lock, publish) in milliseconds. ``FAKE_CXX_LOG``: each call's a
 ``FAKE_PCH_FAIL``, ``FAKE_PCH_BYTES``, ``FAKE_BINARY_BYTES``: a failing PCH, the PCH's and binary's sizes."""
 
 
+_TORCH_RECORD: list = []
+"""The session's ``torch_record_seed`` (once made), for ``recorded_cache``."""
+
+
 @pytest.fixture(scope="session")
 def torch_record_seed(tmp_path_factory):
     """torch's facts and CPU build flags as the engine records them in a cache (``<cache>/.tools``,
@@ -117,7 +121,22 @@ def torch_record_seed(tmp_path_factory):
     facts = torch_record.torch_facts(str(seed))
     torch_record.cpu_build(str(seed), facts, lambda: flags._ask_torch("cpu", facts.version))
     assert len(list((seed / ".tools").glob("torch-*.json"))) == 2, "torch's record was not written"
+    _TORCH_RECORD[:] = [seed / ".tools"]
     return seed / ".tools"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _torch_record_for_helpers(torch_record_seed):
+    """``recorded_cache`` works from any test (the remote tests' nodes: remote_store.node_env)."""
+
+
+def recorded_cache(root) -> None:
+    """Make ``root`` a cache holding no build, only torch's record (as ``cache_dir``), unless it exists."""
+    if os.path.exists(root):
+        return
+    os.makedirs(root, mode=0o700)
+    os.chmod(root, 0o700)
+    shutil.copytree(_TORCH_RECORD[0], os.path.join(root, ".tools"))
 
 
 @pytest.fixture
@@ -129,10 +148,7 @@ def cache_dir(request, tmp_path, monkeypatch):
     root = tmp_path / "cache"
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(root))
     if request.node.get_closest_marker("unrecorded_cache") is None:
-        seed = request.getfixturevalue("torch_record_seed")
-        root.mkdir(mode=0o700)
-        root.chmod(0o700)
-        shutil.copytree(seed, root / ".tools")
+        recorded_cache(root)
     return root
 
 
