@@ -306,31 +306,35 @@ def triton_or_skip():
 # first: `make test` hands the two workers whole files in collection order (--dist loadfile
 # --no-loadscope-reorder), so one that starts last sets the run's tail; longest first, the
 # workers finish within a minute or so of each other. Files not named here follow in collection order.
-# Measured 2026-11-27 in a 1860 s run (a slower hour of this machine than the 1310 s ones), less what the
-# torch facts' record (engine/torch_record.py) took off the files of fresh-process loads; files made cheaper
-# since (each measured alone, before and after) are placed by that time less 1.25x what they saved alone.
+# Measured 2026-11-28 in a 1131 s run (branch ci20, with torch's record seeded into the tests' fresh caches;
+# the remote files' node caches were seeded after it: ~15 % off those).
 SLOW_FILES_FIRST = (
-    "tests/clients/test_deepspeed.py",  # ~470
-    "tests/engine/test_load.py",  # ~300 (~350 before the PCH and pybind tests shared a build)
-    "tests/clients/test_ds_example.py",  # ~275
-    "tests/kernels/block_sparse/test_block_sparse_interpreted.py",  # ~180 (~265 before the shares were cut)
-    "tests/faults/test_fault_injection.py",  # ~160 (~310 with a torch import in each fresh process)
-    "tests/kernels/bias_act/test_bias_act.py",  # ~160
-    "tests/kernels/bias_act/test_bias_act_triton.py",  # ~150 (~200 before the pairwise layouts)
-    "tests/engine/test_distributed.py",  # ~135
-    "tests/loader/test_aot.py",  # ~110
-    "tests/faults/test_cache_faults.py",  # ~100
-    "tests/docs/test_docs_migrating.py",  # ~90
-    "tests/loader/test_downstream.py",  # ~85
-    "tests/kernels/block_sparse/test_block_sparse_autograd.py",  # ~75
-    "tests/cli/test_cli.py",  # ~70
-    "tests/remote/test_remote_cache.py",  # ~70
-    "tests/faults/test_remote_faults.py",  # ~60 (~110 with a torch import in each fresh process)
-    "tests/engine/test_patch_hook.py",  # ~55
-    "tests/remote/test_relocated.py",  # ~55
-    "tests/remote/test_remote_objects.py",  # ~50
-    "tests/loader/test_pybind_extension.py",  # ~45
-    "tests/remote/test_remote_waits.py",  # ~45
+    "tests/clients/test_deepspeed.py",  # ~210 (~270 when torch's load compiled DeepSpeed's sources again)
+    "tests/engine/test_load.py",  # ~205
+    "tests/clients/test_ds_example.py",  # ~190
+    "tests/kernels/block_sparse/test_block_sparse_interpreted.py",  # ~165
+    "tests/engine/test_distributed.py",  # ~120
+    "tests/kernels/bias_act/test_bias_act_triton.py",  # ~115
+    "tests/loader/test_aot.py",  # ~95
+    "tests/docs/test_docs_migrating.py",  # ~70
+    "tests/faults/test_remote_faults.py",  # ~65
+    "tests/kernels/bias_act/test_bias_act.py",  # ~60
+    "tests/faults/test_fault_injection.py",  # ~60 (~160 before the tests' caches held torch's record)
+    "tests/loader/test_downstream.py",  # ~55
+    "tests/remote/test_remote_cache.py",  # ~50
+    "tests/engine/test_patch_hook.py",  # ~45
+    "tests/remote/test_remote_waits.py",  # ~40
+    "tests/remote/test_remote_objects.py",  # ~40
+    "tests/faults/test_cache_faults.py",  # ~40
+    "tests/remote/test_relocated.py",  # ~35
+    "tests/kernels/block_sparse/test_block_sparse_pairs.py",  # ~35
+    "tests/cli/test_bench.py",  # ~35
+    "tests/loader/test_pybind_extension.py",  # ~30
+    "tests/kernels/block_sparse/test_block_sparse_autograd.py",  # ~30
+    "tests/faults/test_remote_rounds.py",  # ~30
+    "tests/kernels/bias_act/test_bias_act_native.py",  # ~30
+    "tests/loader/test_loader.py",  # ~30
+    "tests/cli/test_cli_build.py",  # ~30
 )
 
 
