@@ -8,6 +8,7 @@ Tests that need torch's headers share one session-wide cache.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -106,11 +107,48 @@ path (ninja, the lock, publish) in milliseconds. ``FAKE_CXX_LOG``: each call's a
 ``FAKE_PCH_FAIL``, ``FAKE_PCH_BYTES``, ``FAKE_BINARY_BYTES``: a failing PCH, the PCH's and binary's sizes."""
 
 
+_TORCH_RECORD: list = []
+"""The session's ``torch_record_seed`` (once made), for ``recorded_cache``."""
+
+
+@pytest.fixture(scope="session")
+def torch_record_seed(tmp_path_factory):
+    """torch's facts and CPU build flags as the engine records them in a cache (``<cache>/.tools``,
+    opforge/engine/torch_record.py), recorded once for the session by this process (which has torch imported)."""
+    from opforge.engine import flags, torch_record
+
+    seed = tmp_path_factory.mktemp("torch-record")
+    facts = torch_record.torch_facts(str(seed))
+    torch_record.cpu_build(str(seed), facts, lambda: flags._ask_torch("cpu", facts.version))
+    assert len(list((seed / ".tools").glob("torch-*.json"))) == 2, "torch's record was not written"
+    _TORCH_RECORD[:] = [seed / ".tools"]
+    return seed / ".tools"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _torch_record_for_helpers(torch_record_seed):
+    """``recorded_cache`` works from any test (the remote tests' nodes: remote_store.node_env)."""
+
+
+def recorded_cache(root) -> None:
+    """Make ``root`` a cache holding no build, only torch's record (as ``cache_dir``), unless it exists."""
+    if os.path.exists(root):
+        return
+    os.makedirs(root, mode=0o700)
+    os.chmod(root, 0o700)
+    shutil.copytree(_TORCH_RECORD[0], os.path.join(root, ".tools"))
+
+
 @pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    """A fresh, empty cache root for this test (OPFORGE_CACHE_DIR points at it)."""
+def cache_dir(request, tmp_path, monkeypatch):
+    """A fresh cache root for this test (OPFORGE_CACHE_DIR points at it), holding no build: only torch's
+    record (``torch_record_seed``), as any cache has after its first build, so that the test's fresh
+    processes don't each import torch (2.5-4 s of CPU) for the build key. A test marked ``unrecorded_cache``
+    gets a root that doesn't exist yet (the engine makes it), for the cold start itself."""
     root = tmp_path / "cache"
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(root))
+    if request.node.get_closest_marker("unrecorded_cache") is None:
+        recorded_cache(root)
     return root
 
 
@@ -131,19 +169,24 @@ class CompilerLog:
     """A CXX wrapper that logs each call's arguments, then runs g++ (or, with $SLOW_MARKER
     set, a compile (``-c``, not a probe) first writes its command line to that file and sleeps 60 s,
     to be killed mid-compile). With $CXX_RANK_LOG
-    set, each compile also logs the compiling process's $RANK there. None of CXX_LOG,
-    CXX_RANK_LOG and SLOW_MARKER is a build-key input; CXX is, so a test's processes share it."""
+    set, each compile also logs the compiling process's $RANK there. With $CXX_SAVE_OBJECTS or
+    $CXX_REUSE_OBJECTS set, a compile goes through tests/reused_objects.py: one build's objects kept, and
+    another build's identical commands served from them. None of CXX_LOG, CXX_RANK_LOG, SLOW_MARKER and
+    the two is a build-key input; CXX is, so a test's processes share it."""
 
     def __init__(self, directory):
         self.log = directory / "cxx.log"
         self.path = directory / "bin" / "cxx-wrapper"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        gxx = shlex.quote(shutil.which("g++") or "g++")
         self.path.write_text(
             "#!/bin/sh\n"
             'if [ -n "$CXX_LOG" ]; then printf \'%s\\n\' "$*" >> "$CXX_LOG"; fi\n'
             'if [ -n "$CXX_RANK_LOG" ]; then case " $* " in *" -c "*) echo "${RANK:-none}" >> "$CXX_RANK_LOG";; esac; fi\n'
             'if [ -n "$SLOW_MARKER" ]; then case " $* " in *" -c "*) printf \'%s\\n\' "$*" > "$SLOW_MARKER"; sleep 60;; esac; fi\n'
-            f'exec {shutil.which("g++") or "g++"} "$@"\n'
+            'if [ -n "$CXX_SAVE_OBJECTS$CXX_REUSE_OBJECTS" ]; then case " $* " in *" -c "*) '
+            f'exec {shlex.quote(sys.executable)} {shlex.quote(os.path.join(TESTS, "reused_objects.py"))} {gxx} "$@";; esac; fi\n'
+            f'exec {gxx} "$@"\n'
         )
         self.path.chmod(0o755)
 
@@ -263,31 +306,35 @@ def triton_or_skip():
 # first: `make test` hands the two workers whole files in collection order (--dist loadfile
 # --no-loadscope-reorder), so one that starts last sets the run's tail; longest first, the
 # workers finish within a minute or so of each other. Files not named here follow in collection order.
-# Measured 2026-11-27 in a 1860 s run (a slower hour of this machine than the 1310 s ones), less what the
-# torch facts' record (engine/torch_record.py) took off the files of fresh-process loads; files made cheaper
-# since (each measured alone, before and after) are placed by that time less 1.25x what they saved alone.
+# Measured 2026-11-28 in a 1131 s run (branch ci20, with torch's record seeded into the tests' fresh caches;
+# the remote files' node caches were seeded after it: ~15 % off those).
 SLOW_FILES_FIRST = (
-    "tests/clients/test_deepspeed.py",  # ~470
-    "tests/engine/test_load.py",  # ~300 (~350 before the PCH and pybind tests shared a build)
-    "tests/clients/test_ds_example.py",  # ~275
-    "tests/kernels/block_sparse/test_block_sparse_interpreted.py",  # ~180 (~265 before the shares were cut)
-    "tests/faults/test_fault_injection.py",  # ~160 (~310 with a torch import in each fresh process)
-    "tests/kernels/bias_act/test_bias_act.py",  # ~160
-    "tests/kernels/bias_act/test_bias_act_triton.py",  # ~150 (~200 before the pairwise layouts)
-    "tests/engine/test_distributed.py",  # ~135
-    "tests/loader/test_aot.py",  # ~110
-    "tests/faults/test_cache_faults.py",  # ~100
-    "tests/docs/test_docs_migrating.py",  # ~90
-    "tests/loader/test_downstream.py",  # ~85
-    "tests/kernels/block_sparse/test_block_sparse_autograd.py",  # ~75
-    "tests/cli/test_cli.py",  # ~70
-    "tests/remote/test_remote_cache.py",  # ~70
-    "tests/faults/test_remote_faults.py",  # ~60 (~110 with a torch import in each fresh process)
-    "tests/engine/test_patch_hook.py",  # ~55
-    "tests/remote/test_relocated.py",  # ~55
-    "tests/remote/test_remote_objects.py",  # ~50
-    "tests/loader/test_pybind_extension.py",  # ~45
-    "tests/remote/test_remote_waits.py",  # ~45
+    "tests/clients/test_deepspeed.py",  # ~210 (~270 when torch's load compiled DeepSpeed's sources again)
+    "tests/engine/test_load.py",  # ~205
+    "tests/clients/test_ds_example.py",  # ~190
+    "tests/kernels/block_sparse/test_block_sparse_interpreted.py",  # ~165
+    "tests/engine/test_distributed.py",  # ~120
+    "tests/kernels/bias_act/test_bias_act_triton.py",  # ~115
+    "tests/loader/test_aot.py",  # ~95
+    "tests/docs/test_docs_migrating.py",  # ~70
+    "tests/faults/test_remote_faults.py",  # ~65
+    "tests/kernels/bias_act/test_bias_act.py",  # ~60
+    "tests/faults/test_fault_injection.py",  # ~60 (~160 before the tests' caches held torch's record)
+    "tests/loader/test_downstream.py",  # ~55
+    "tests/remote/test_remote_cache.py",  # ~50
+    "tests/engine/test_patch_hook.py",  # ~45
+    "tests/remote/test_remote_waits.py",  # ~40
+    "tests/remote/test_remote_objects.py",  # ~40
+    "tests/faults/test_cache_faults.py",  # ~40
+    "tests/remote/test_relocated.py",  # ~35
+    "tests/kernels/block_sparse/test_block_sparse_pairs.py",  # ~35
+    "tests/cli/test_bench.py",  # ~35
+    "tests/loader/test_pybind_extension.py",  # ~30
+    "tests/kernels/block_sparse/test_block_sparse_autograd.py",  # ~30
+    "tests/faults/test_remote_rounds.py",  # ~30
+    "tests/kernels/bias_act/test_bias_act_native.py",  # ~30
+    "tests/loader/test_loader.py",  # ~30
+    "tests/cli/test_cli_build.py",  # ~30
 )
 
 

@@ -27,7 +27,7 @@ import threading
 import time
 
 import pytest
-from conftest import pymod_source, run_python
+from conftest import pymod_source, recorded_cache, run_python
 
 import opforge
 from opforge.engine import remote_fs, signing
@@ -68,6 +68,9 @@ def node_a(monkeypatch, tmp_path, url, source, name, secret=None, value=7):
 
 
 def node_env(tmp_path, url, compiler=False, node="node-b", **env) -> dict:
+    """The environment of a process of ``node``, whose cache (made here if new) holds torch's record, as a
+    node's cache does after its first build (tests/conftest.py: recorded_cache): no torch import for the key."""
+    recorded_cache(tmp_path / node)
     full = {"OPFORGE_CACHE_DIR": str(tmp_path / node), "OPFORGE_REMOTE_CACHE": url, "OPFORGE_REMOTE_PUSH": "0",
             "OPFORGE_REMOTE_TIMEOUT": "20", **env}
     if not compiler:

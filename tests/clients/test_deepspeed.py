@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import ROOT, CompilerLog, kill_session, run_python
+from reused_objects import ADDED_BY_OPFORGE
 
 from opforge.engine.lock import read_holder
 
@@ -65,7 +66,8 @@ def patched(tmp_path_factory):
     cxx = CompilerLog(tmp)
     env = {"OPFORGE_PATCH_TORCH": "1", "OPFORGE_CACHE_DIR": str(tmp / "cache"), "OPFORGE_CCACHE": "0",
            "TORCH_NO_COMPILER_WRAPPER": "1",  # torch >= 2.10 puts ccache in front when installed: count real compiles
-           "TORCH_EXTENSIONS_DIR": str(tmp / "torch_extensions"), "CXX": str(cxx.path), "CXX_LOG": str(cxx.log)}
+           "TORCH_EXTENSIONS_DIR": str(tmp / "torch_extensions"), "CXX": str(cxx.path), "CXX_LOG": str(cxx.log),
+           "CXX_SAVE_OBJECTS": str(tmp / "objects")}  # each compile's object kept, for torch's build (below)
     killed = _killed_mid_build(env, tmp / "compiling")
     holders = [read_holder(str(p)[: -len(".holder")]) for p in (tmp / "cache" / "cpu_adam").glob("*.lock.holder")]
     before = len(cxx.compiles())
@@ -88,10 +90,26 @@ def test_cpu_adam_builder_builds_once_through_opforge_then_loads_warm(patched):
     assert warm["file"] == cold["file"] and not warm["ninja"] and warm["bits"] == cold["bits"]
     assert len(cxx.compiles()) == patched.total
 
-    # The patch off: torch's own load builds it again, in its own directory, and it computes the same bits.
-    off = _load({**env, "OPFORGE_PATCH_TORCH": "0"})
+    # The patch off: torch's own load builds it again (its own build.ninja, ninja and link, in its own
+    # directory), and it computes the same bits. Its compile commands are opforge's, less what opforge adds
+    # on purpose: the prefix maps (paths in debug info and __FILE__) and the C++11 ABI define, at the value
+    # gcc's headers give it anyway. So the compiler wrapper serves torch's compiles from opforge's objects
+    # (tests/reused_objects.py, keyed by the command less those two) rather than compiling them again.
+    objects = env["CXX_SAVE_OBJECTS"]
+    off_env = {**env, "OPFORGE_PATCH_TORCH": "0", "CXX_SAVE_OBJECTS": "", "CXX_REUSE_OBJECTS": objects}
+    off = _load(off_env)
     assert off["file"].startswith(env["TORCH_EXTENSIONS_DIR"]) and not off["patched"]
-    assert len(cxx.compiles()) > patched.total
+    ours, theirs = patched.cxx.compiles()[patched.total - 2: patched.total], cxx.compiles()[patched.total:]
+    assert len(theirs) == 2 and all("/csrc/adam/cpu_adam" in c for c in ours + theirs)
+    added = [[a for a in c.split() if a.startswith(ADDED_BY_OPFORGE)] for c in ours]
+    assert all(a[0] == "-D_GLIBCXX_USE_CXX11_ABI=1" and len(a) > 1 for a in added), added
+    assert sorted(" ".join(a for a in c.split() if not a.startswith(ADDED_BY_OPFORGE)) for c in ours) == sorted(theirs)
+    assert not [a for c in theirs for a in c.split() if a.startswith(ADDED_BY_OPFORGE)]
+    gcc_default = subprocess.run([cxx.path, "-std=c++20", "-dM", "-E", "-x", "c++", "-include", "bits/c++config.h",
+                                  os.devnull], capture_output=True, text=True, check=True).stdout
+    assert "#define _GLIBCXX_USE_CXX11_ABI 1\n" in gcc_default  # the define opforge adds changes nothing here
+    with open(os.path.join(objects, "served.log")) as f:
+        assert sorted(f.read().splitlines()) == sorted(theirs)  # both of torch's compiles, from opforge's objects
     assert off["bits"] == cold["bits"]  # one pybind extension built by both: identical results
 
 

@@ -435,6 +435,7 @@ def test_binary_replaced_by_symlink_is_refused(cache_dir, make_pymod, tmp_path):
     assert opforge.load(name, [str(src)]).value() == 5
 
 
+@pytest.mark.unrecorded_cache  # the engine makes the root too
 def test_created_dirs_are_private(cache_dir, make_pymod):
     old = os.umask(0o002)  # a permissive umask must not leak into the cache
     try:
