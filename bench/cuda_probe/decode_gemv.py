@@ -25,11 +25,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
-import tempfile
 
 import torch
 
@@ -37,7 +35,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from opforge.kernels.block_sparse import triton_decode, triton_sizing  # noqa: E402
+import edited_source  # noqa: E402
+
+from opforge.kernels.block_sparse import triton_sizing  # noqa: E402
 from opforge.kernels.block_sparse.layout import BlockSparseLayout  # noqa: E402
 from opforge.kernels.block_sparse.triton_decode import _decode_kernel, _decode_uncut_kernel  # noqa: E402
 
@@ -56,20 +56,10 @@ def _mac(xt, wt, acc, PRECISION: tl.constexpr):
 
 def gemv_kernels():
     """(``_decode_kernel``, ``_decode_uncut_kernel``) with each ``tl.dot`` through ``_mac`` (three of them)."""
-    with open(triton_decode.__file__) as f:
-        src = f.read()
+    src = edited_source.source()
     if src.count(_DOT) != 3:
         raise RuntimeError(f"the package's decode kernels changed: {_DOT!r} is there {src.count(_DOT)} times")
-    old_import = "from ..triton_compat import"
-    if src.count(old_import) != 1:
-        raise RuntimeError("the package's decode kernels changed: their import")
-    src = src.replace(old_import, "from opforge.kernels.triton_compat import")
-    src = src.replace(_DOT, "acc = _mac(xt, wt, acc, PRECISION)") + _MAC
-    where = tempfile.mkdtemp(prefix="decode_gemv_")
-    with open(os.path.join(where, "_decode_gemv_gen.py"), "w") as f:
-        f.write(src)
-    sys.path.insert(0, where)
-    mod = importlib.import_module("_decode_gemv_gen")
+    mod = edited_source.load(src.replace(_DOT, "acc = _mac(xt, wt, acc, PRECISION)") + _MAC, "_decode_gemv_gen")
     return mod._decode_kernel, mod._decode_uncut_kernel
 
 

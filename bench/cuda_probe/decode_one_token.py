@@ -26,11 +26,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
-import tempfile
 
 import torch
 
@@ -38,10 +36,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+import edited_source  # noqa: E402
 from decode_flat import launch  # noqa: E402
 from decode_floor import graph_us  # noqa: E402
 
-from opforge.kernels.block_sparse import triton_decode, triton_sizing  # noqa: E402
+from opforge.kernels.block_sparse import triton_sizing  # noqa: E402
 from opforge.kernels.block_sparse.layout import BlockSparseLayout  # noqa: E402
 
 PATCH = os.path.join(HERE, "decode_one_token.patch")
@@ -64,18 +63,11 @@ def patched(src: str, diff: str) -> str:
 
 def with_steps(steps: int):
     """The patched ``_decode_kernel`` with ``FMA_STEPS`` set to ``steps`` (a module of its own)."""
-    with open(triton_decode.__file__) as f:
-        src = f.read()
     with open(PATCH) as f:
-        src = patched(src, f.read())
+        src = patched(edited_source.source(), f.read())
     at = src.index(_STEPS)
     src = src[:at] + f"{_STEPS}{steps}" + src[src.index(")", at):]
-    src = src.replace("from ..triton_compat import", "from opforge.kernels.triton_compat import")
-    where = tempfile.mkdtemp(prefix=f"decode_steps{steps}_")
-    with open(os.path.join(where, f"_decode_steps{steps}.py"), "w") as f:
-        f.write(src)
-    sys.path.insert(0, where)
-    return importlib.import_module(f"_decode_steps{steps}")._decode_kernel
+    return edited_source.load(src, f"_decode_steps{steps}")._decode_kernel
 
 
 def launch_with(kernel, programs, x, w, y, part, counts, idx, k_in, n_out, nnz, chunk, early, overlap, warps, stages,

@@ -31,11 +31,9 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import importlib
 import json
 import os
 import sys
-import tempfile
 
 import torch
 
@@ -43,12 +41,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from opforge.kernels.block_sparse import triton_decode, triton_sizing  # noqa: E402
+import edited_source  # noqa: E402
+
+from opforge.kernels.block_sparse import triton_sizing  # noqa: E402
 from opforge.kernels.block_sparse.layout import BlockSparseLayout  # noqa: E402
 from opforge.kernels.block_sparse.triton_decode import _decode_kernel  # noqa: E402
 
 _EDITS = (
-    ("from ..triton_compat import", "from opforge.kernels.triton_compat import"),
     ("def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, row_ptr_ptr, rows_ptr, T,",
      "def _decode_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, cols_ptr, row_ptr_ptr, rows_ptr, "
      "bounds_ptr, firsts_ptr, T,"),
@@ -62,17 +61,7 @@ _EDITS = (
 def shares_kernel():
     """The package's ``_decode_kernel`` with its runs read from ``bounds`` (``_EDITS``, each made exactly once
     on the package's source, so the probe times the package's kernel and nothing else changed)."""
-    with open(triton_decode.__file__) as f:
-        src = f.read()
-    for old, new in _EDITS:
-        if src.count(old) != 1:
-            raise RuntimeError(f"the package's decode kernel changed: {old!r} is there {src.count(old)} times")
-        src = src.replace(old, new)
-    where = tempfile.mkdtemp(prefix="decode_shares_")
-    with open(os.path.join(where, "_decode_shares_gen.py"), "w") as f:
-        f.write(src)
-    sys.path.insert(0, where)
-    return importlib.import_module("_decode_shares_gen")._decode_kernel
+    return edited_source.load(edited_source.replaced(edited_source.source(), _EDITS), "_decode_shares_gen")._decode_kernel
 
 
 def plan_bounds(row_ptr: list[int], programs: int, middle: float, owner: float) -> list[int]:

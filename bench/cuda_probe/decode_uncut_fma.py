@@ -23,11 +23,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
-import tempfile
 
 import torch
 
@@ -35,14 +33,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+import edited_source  # noqa: E402
 from decode_flat import launch  # noqa: E402
 from decode_floor import graph_us  # noqa: E402
 
-from opforge.kernels.block_sparse import triton_decode, triton_sizing  # noqa: E402
+from opforge.kernels.block_sparse import triton_sizing  # noqa: E402
 from opforge.kernels.block_sparse.layout import BlockSparseLayout  # noqa: E402
 
 _EDITS = (
-    ("from ..triton_compat import", "from opforge.kernels.triton_compat import"),
     ("        acc = tl.zeros((BLOCK_M, SUB), dtype=tl.float32)\n",
      "        acc = tl.zeros((BLOCK_M, SUB), dtype=tl.float32)\n"
      "        terms = tl.zeros((BLOCK_K, SUB), dtype=tl.float32)\n"),
@@ -58,17 +56,8 @@ _EDITS = (
 
 def fma_uncut():
     """The package's ``_decode_uncut_kernel`` with ``_EDITS`` (for one token, ``BLOCK_M`` 1)."""
-    with open(triton_decode.__file__) as f:
-        src = f.read()
-    for old, new in _EDITS:
-        if src.count(old) != 1:
-            raise RuntimeError(f"the package's uncut kernel changed: {old!r} is there {src.count(old)} times")
-        src = src.replace(old, new)
-    where = tempfile.mkdtemp(prefix="decode_uncut_fma_")
-    with open(os.path.join(where, "_decode_uncut_fma_gen.py"), "w") as f:
-        f.write(src)
-    sys.path.insert(0, where)
-    return importlib.import_module("_decode_uncut_fma_gen")._decode_uncut_kernel
+    src = edited_source.replaced(edited_source.source(), _EDITS)
+    return edited_source.load(src, "_decode_uncut_fma_gen")._decode_uncut_kernel
 
 
 def run(kernel, programs, x, w, b, y, idx, k_in, n_out, total, chunk, bh, bw, sub, overlap, warps, stages,
