@@ -38,12 +38,15 @@ at 1.6-1.8x the Triton kernels' time on the H100: each consumer warp loads the w
 four times the weight's bytes (docs/benchmarks.md, issue 35, thirteenth session)."""
 SIDES = (32, 64, 128)
 """The block sides compiled (either side)."""
-CONFIGS = tuple({"stages": s, "ctas": 2, "overlap": o} for o in (1, 0) for s in (2, 3, 4))
+PAIRS = ((4, 4), (6, 6), (2, 3), (2, 8), (3, 8), (4, 2))
+"""(ring slots, CTAs an SM), the first the default: each the best in a row of issue 35 on the H100 once x came
+through the ring (T = 1 and 16, d = 0.1 and 0.25, both shapes; docs/benchmarks.md, issue 35, twenty-first
+session). With x in the slots a consumer waits on nothing but its slot, so 3-8 CTAs an SM pay where the
+kernel that loaded x itself was bound to 2; an SM takes fewer when they don't fit (``grid``)."""
+CONFIGS = tuple({"stages": s, "ctas": c, "overlap": o} for o in (1, 0) for s, c in PAIRS)
 """Blocks in flight a CTA, CTAs an SM, and whether it launches as a programmatic dependent of the
-kernel before it (1: its prologue and first weight requests overlap that kernel's end). On the H100
-two CTAs an SM won every row, one lost 0.2-4.1 µs, deeper rings and L2 prefetch past the ring lost too
-(docs/benchmarks.md, issue 35, thirteenth session); the first (untimed) is the best there at d <= 0.25.
-``OPFORGE_BLOCK_SPARSE_OVERLAP=0`` keeps the three without the overlap (and keys their choice apart)."""
+kernel before it (1: its prologue and first weight requests overlap that kernel's end).
+``OPFORGE_BLOCK_SPARSE_OVERLAP=0`` keeps the ones without the overlap (and keys their choice apart)."""
 
 
 class BlockSparseDecodeCuda(CudaExtension):

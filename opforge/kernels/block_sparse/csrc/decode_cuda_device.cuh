@@ -1,12 +1,12 @@
 // block_sparse's CUDA decode forward, the device pieces the kernel (decode_cuda_kernel.cuh) is made
 // of: the element types, the tensor-core step, the copy engine and its barriers, finding a block's
-// row, and the loads and stores of x, y and the partial sums.
+// row, and the stores of y and the loads and stores of the partial sums.
 //
 // The arithmetic: mma.sync m16n8k16 (fp32 accumulate) with W's rows as A (a 16-row strip of a
 // block) and x's tokens as B (NT tiles of 8). A mma's k order is free as long as A and B agree, so
 // lane (g = lane / 4, t = lane % 4) reads 8 consecutive elements of a row at column 32 q + 8 t with
-// one 16-byte load for both operands (W rows g and g + 8 from shared memory; x token g from global,
-// through L1) and uses elements 0-3 in one k16 step and 4-7 in the next.
+// one 16-byte load for both operands (W rows g and g + 8 and x token g, all from the ring's slot in
+// shared memory) and uses elements 0-3 in one k16 step and 4-7 in the next.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -110,9 +110,13 @@ __device__ __forceinline__ void bar_wait(uint64_t* bar, int parity) {
       : "memory");
 }
 
-// One lane: the copy of `bytes` from global `src` into shared `dst`, completing on `bar`.
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, int bytes, uint64_t* bar) {
+// One lane: `bytes` more for `bar`'s phase to wait for, and this lane's arrival.
+__device__ __forceinline__ void bar_expect(uint64_t* bar, int bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+
+// One lane: the copy of `bytes` from global `src` into shared `dst`, counted on `bar` (already expecting them).
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, int bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                    smem_u32(dst)),
                "l"(src), "r"(bytes), "r"(smem_u32(bar))
@@ -135,21 +139,6 @@ __device__ __forceinline__ uint4 lds128(const void* p) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(smem_u32(p)));
   return v;
-}
-
-// x's tokens at block-column `column`: token nt * 8 + g, elements 32 q + 8 t .. + 7 (zeros past T).
-template <bool BF16, int NT, int KQ>
-__device__ __forceinline__ void load_x(const Args& a, uint4 (&xo)[NT][KQ], int column, int g, int t) {
-  using T = typename Elem<BF16>::T;
-  const T* xc = static_cast<const T*>(a.x) + static_cast<int64_t>(column) * (32 * KQ) + 8 * t;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int tok = nt * 8 + g;
-#pragma unroll
-    for (int q = 0; q < KQ; ++q)
-      xo[nt][q] = tok < a.tokens ? __ldg(reinterpret_cast<const uint4*>(xc + static_cast<int64_t>(tok) * a.k_in + 32 * q))
-                                 : make_uint4(0, 0, 0, 0);
-  }
 }
 
 // Rows r * bh + 16 m + g and + 8 of y from a strip's fp32 sums (plus the bias).

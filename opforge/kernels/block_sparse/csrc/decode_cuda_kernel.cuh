@@ -4,14 +4,18 @@
 //
 // * CTA c takes the blocks [c * chunk, (c + 1) * chunk) in storage order: an equal share of the
 //   bytes whatever the rows' lengths, so no SM waits on a long row.
-// * A producer warp (one lane) copies the share's blocks into a ring of `stages` slots in shared
-//   memory with the copy engine (cp.async.bulk; an mbarrier for a slot full, one for it empty):
-//   the bytes in flight are bounded by shared memory, not registers. bh / 16 consumer warps each
-//   take a 16-row strip of every block, so a block is read from HBM once.
-// * Nothing a consumer needs later is fetched when it is needed: the blocks' columns come 32 at a
-//   time across the lanes (a step's column is a shuffle) with the next 32 on their way, and x
-//   comes up to three blocks ahead. Under a saturated HBM one trip to memory costs microseconds,
-//   the whole kernel's budget.
+// * A producer warp copies the share's blocks into a ring of `stages` slots in shared memory with
+//   the copy engine (cp.async.bulk; an mbarrier for a slot full, one for it empty): the bytes in
+//   flight are bounded by shared memory, not registers. bh / 16 consumer warps each take a 16-row
+//   strip of every block, so a block is read from HBM once.
+// * A slot holds its block and x's slices at the block's column (a copy a token, by the producer's
+//   lane of that token; the blocks' columns come 32 at a time across its lanes, the next 32 on their
+//   way). So a consumer loads nothing from global memory in its loop: it waits for its slot and
+//   multiplies. Under a saturated HBM one trip to memory costs microseconds, the whole kernel's
+//   budget; with x loaded by the consumers, three blocks ahead in registers, the kernel ran 0.4-1.4
+//   µs a layer slower on the H100 at d <= 0.25 (docs/benchmarks.md, issue 35, twenty-first session).
+// * The block's row is found once a CTA (consumer warp 0, shared through shared memory), and a row's
+//   owner loads the earlier CTAs' partial sums four slots at a time.
 // * The CTA walks its share backwards, from its last block to its first. A row cut at the share's
 //   end (it goes on into the next CTA) comes first: its fp32 partial sums go to the CTA's slot,
 //   counted in with a release add, long before the CTA holding the row's last block, which walks
@@ -33,63 +37,62 @@
 
 namespace opforge_block_sparse_decode {
 
-// The dynamic shared memory: the full and empty mbarriers, then the ring.
-__host__ __device__ constexpr int ring_offset(int stages) { return (2 * stages * 8 + 127) / 128 * 128; }
+// The dynamic shared memory: the full and empty mbarriers, the CTA's row search (a Found), then the ring.
+__host__ __device__ constexpr int found_offset(int stages) { return 2 * stages * 8; }
+__host__ __device__ constexpr int ring_offset(int stages) { return (found_offset(stages) + 16 + 127) / 128 * 128; }
+
+// A slot of the ring: a block, then x's slice at its column, a row of bw a token (NT * 8 rows; the
+// first T filled).
+template <bool BF16, int NT, int KQ, int MT>
+__host__ __device__ constexpr int slot_bytes() {
+  return (16 * MT + 8 * NT) * 32 * KQ * static_cast<int>(sizeof(typename Elem<BF16>::T));
+}
 
 // Consumer warp `m` (rows 16 m .. 16 m + 15 of each block) over the CTA's blocks [lo, hi), backwards.
 template <bool BF16, int NT, int KQ, int MT>
 __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, int m, int stages, uint64_t* full,
-                                       uint64_t* empty, const unsigned char* ring) {
+                                       uint64_t* empty, const unsigned char* ring, Found* shared_found) {
   using T = typename Elem<BF16>::T;
   constexpr int BW = 32 * KQ;
   constexpr int BLOCK = 16 * MT * BW * static_cast<int>(sizeof(T));
-  constexpr int XB = NT * KQ <= 4 ? 3 : 1;  // x buffers: three where the registers allow
+  constexpr int SLOT = slot_bytes<BF16, NT, KQ, MT>();
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int steps = hi - lo;
-  // step k is block hi - 1 - k; lane i holds the columns of steps 32 j + i (chunk j) and of the next chunk
-  auto col_rev = [&](int k) { return k < steps ? static_cast<int>(__ldg(a.cols + hi - 1 - k)) : 0; };
-  int colv = col_rev(lane), colv_ahead = col_rev(32 + lane);
-  auto col_of = [&](int k, int k0) {
-    const int c0 = __shfl_sync(0xffffffffu, colv, k & 31), c1 = __shfl_sync(0xffffffffu, colv_ahead, k & 31);
-    return (k >> 5) == (k0 >> 5) ? c0 : c1;
-  };
   // the row of block hi - 1 (blocks [rs, re)), and the first block of the row before it
-  const Found f = find_row(a.row_ptr, a.rows, hi - 1, lane);
+  // One search a CTA (consumer warp 0's), shared with the others through shared memory: every
+  // consumer warp needs the same row, and each search reads all of row_ptr.
+  if (m == 0) {
+    const Found mine = find_row(a.row_ptr, a.rows, hi - 1, lane);
+    if (lane == 0) *shared_found = mine;
+  }
+  asm volatile("bar.sync 1, %0;" ::"r"(MT * 32) : "memory");  // the consumer warps only
+  const Found f = *shared_found;
   int r = f.r, rs = f.rs, re = f.rs + f.n;
   int before = r > 0 ? static_cast<int>(__ldg(a.row_ptr + r - 1)) : 0;
 
-  uint4 xb[XB][NT][KQ];
-#pragma unroll
-  for (int b = 0; b < XB; ++b)
-    if (b < steps) load_x<BF16, NT, KQ>(a, xb[b], col_of(b, 0), g, t);
   float acc[NT][4] = {};
   int slot = 0, parity = 0;
-  for (int k0 = 0; k0 < steps; k0 += XB) {
-#pragma unroll
-    for (int b = 0; b < XB; ++b) {
-      const int k = k0 + b;
-      if (k >= steps) break;
-      if ((k & 31) == 0 && k > 0) {  // into the next chunk of columns; the one after it on its way
-        colv = colv_ahead;
-        colv_ahead = col_rev(k + 32 + lane);
-      }
+  {
+    for (int k = 0; k < steps; ++k) {
       bar_wait(full + slot, parity);
-      const unsigned char* sw = ring + slot * BLOCK + ((m * 16 + g) * BW + 8 * t) * static_cast<int>(sizeof(T));
+      const unsigned char* sw = ring + slot * SLOT + ((m * 16 + g) * BW + 8 * t) * static_cast<int>(sizeof(T));
+      const unsigned char* sx = ring + slot * SLOT + BLOCK + (g * BW + 8 * t) * static_cast<int>(sizeof(T));
 #pragma unroll
       for (int q = 0; q < KQ; ++q) {
         const uint4 lo4 = lds128(sw + (32 * q) * static_cast<int>(sizeof(T)));
         const uint4 hi4 = lds128(sw + (8 * BW + 32 * q) * static_cast<int>(sizeof(T)));
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const uint4 xq = xb[b][nt][q];
+        for (int nt = 0; nt < NT; ++nt) {  // x's token nt * 8 + g, from the slot (zeros past T)
+          const uint4 xq = nt * 8 + g < a.tokens
+                               ? lds128(sx + (nt * 8 * BW + 32 * q) * static_cast<int>(sizeof(T)))
+                               : make_uint4(0, 0, 0, 0);
           mma<BF16>(acc[nt], lo4.x, hi4.x, lo4.y, hi4.y, xq.x, xq.y);
           mma<BF16>(acc[nt], lo4.z, hi4.z, lo4.w, hi4.w, xq.z, xq.w);
         }
       }
       __syncwarp();
       if (lane == 0) bar_arrive(empty + slot);
-      if (k + XB < steps) load_x<BF16, NT, KQ>(a, xb[b], col_of(k + XB, k), g, t);
       const int kb = hi - 1 - k;
       if (kb == rs || k == steps - 1) {  // walking backwards: the row's part in this share ends here
         const int unit = r * MT + m;
@@ -101,17 +104,27 @@ __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, in
         } else {  // rs < lo, re <= hi: the row's last block is here; the CTAs before came in earlier
           const int c0 = rs / a.chunk;
           wait_count(a, unit, c - c0, lane);
+          // the slots of CTAs c0 .. c - 1, four loads in flight at a time, added in CTA order
           float sum[NT][4] = {};
-          for (int w = c0; w < c; ++w) {
-            const float4* part = slot_of<NT>(a, w * MT + m);
+          for (int w0 = c0; w0 < c; w0 += 4) {
+            float4 p[4][NT];
 #pragma unroll
-            for (int i = 0; i < NT; ++i) {
-              const float4 p = __ldcg(part + i * 32 + lane);
-              sum[i][0] += p.x;
-              sum[i][1] += p.y;
-              sum[i][2] += p.z;
-              sum[i][3] += p.w;
-            }
+            for (int j = 0; j < 4; ++j)
+              if (w0 + j < c) {
+                const float4* part = slot_of<NT>(a, (w0 + j) * MT + m);
+#pragma unroll
+                for (int i = 0; i < NT; ++i) p[j][i] = __ldcg(part + i * 32 + lane);
+              }
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              if (w0 + j < c)
+#pragma unroll
+                for (int i = 0; i < NT; ++i) {
+                  sum[i][0] += p[j][i].x;
+                  sum[i][1] += p[j][i].y;
+                  sum[i][2] += p[j][i].z;
+                  sum[i][3] += p[j][i].w;
+                }
           }
 #pragma unroll
           for (int i = 0; i < NT; ++i)
@@ -144,6 +157,8 @@ __global__ void __launch_bounds__(32 * (MT + 1)) decode_kernel(const Args a, int
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // the copy engine's bulk copies (grid_of offers sm_90+ only)
   using T = typename Elem<BF16>::T;
   constexpr int BLOCK = 16 * MT * 32 * KQ * static_cast<int>(sizeof(T));
+  constexpr int SLOT = slot_bytes<BF16, NT, KQ, MT>();
+  constexpr int XROW = 32 * KQ * static_cast<int>(sizeof(T));  // a token's slice of x at a block's column
   extern __shared__ __align__(128) unsigned char smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem);
   uint64_t* empty = full + stages;
@@ -166,20 +181,47 @@ __global__ void __launch_bounds__(32 * (MT + 1)) decode_kernel(const Args a, int
   __syncthreads();
   if (lo < hi) {
     if (wi == MT) {
-      if (lane == 0) {
-        int slot = 0, round = 0;
-        for (int k = 0; k < hi - lo; ++k) {
-          if (round > 0) bar_wait(empty + slot, (round - 1) & 1);
-          bulk_load(ring + slot * BLOCK, block(k), BLOCK, full + slot);
-          if (++slot == stages) {
-            slot = 0;
-            ++round;
-          }
+      // The copy engine fills each slot with its block (lane 0) and the x slices of the block's column
+      // (lane i: token i), all counted on the slot's full barrier. The first `stages` blocks need no
+      // layout, so they go first; then each slot's x once its column is in, and the later blocks as
+      // slots come free.
+      const int steps = hi - lo, first = min(stages, steps);
+      const int expect = BLOCK + a.tokens * XROW;
+      if (lane == 0)
+        for (int k = 0; k < first; ++k) {
+          bar_expect(full + k, expect);
+          bulk_copy(ring + k * SLOT, block(k), BLOCK, full + k);
+        }
+      // step k's column is lane k % 32's of chunk k / 32; the next chunk on its way
+      auto col_rev = [&](int k) { return k < steps ? static_cast<int>(__ldg(a.cols + hi - 1 - k)) : 0; };
+      int colv = col_rev(lane), colv_ahead = col_rev(32 + lane);
+      const unsigned char* x = static_cast<const unsigned char*>(a.x);
+      int slot = 0, round = 0;
+      for (int k = 0; k < steps; ++k) {
+        if (k >= first && lane == 0) {
+          bar_wait(empty + slot, (round - 1) & 1);
+          bar_expect(full + slot, expect);
+          bulk_copy(ring + slot * SLOT, block(k), BLOCK, full + slot);
+        }
+        if ((k & 31) == 0 && k > 0) {
+          colv = colv_ahead;
+          colv_ahead = col_rev(k + 32 + lane);
+        }
+        const int col = __shfl_sync(0xffffffffu, colv, k & 31);  // after lane 0's expect: the warp meets here
+        if (lane < a.tokens)
+          bulk_copy(ring + slot * SLOT + BLOCK + lane * XROW,
+                    x + (static_cast<int64_t>(lane) * a.k_in + static_cast<int64_t>(col) * (32 * KQ)) *
+                            static_cast<int>(sizeof(T)),
+                    XROW, full + slot);
+        if (++slot == stages) {
+          slot = 0;
+          ++round;
         }
       }
       let_dependents_start();
     } else {
-      consume<BF16, NT, KQ, MT>(a, lo, hi, c, wi, stages, full, empty, ring);
+      consume<BF16, NT, KQ, MT>(a, lo, hi, c, wi, stages, full, empty, ring,
+                                reinterpret_cast<Found*>(smem + found_offset(stages)));
     }
   }
   empty_rows<BF16>(a, c * (MT + 1) + wi, gridDim.x * (MT + 1), lane);

@@ -11,7 +11,10 @@ namespace opforge_block_sparse_decode {
 
 int threads_of(const Config& c) { return 32 * (c.mt + 1); }
 
-int smem_of(const Config& c, int elem_bytes) { return ring_offset(c.stages) + c.stages * 16 * c.mt * 32 * c.kq * elem_bytes; }
+// the ring: a slot a stage, each a block and x's slice at its column (decode_cuda_kernel.cuh's slot_bytes)
+int smem_of(const Config& c, int elem_bytes) {
+  return ring_offset(c.stages) + c.stages * (16 * c.mt + 8 * c.nt) * 32 * c.kq * elem_bytes;
+}
 
 cudaError_t grid_of(bool bf16, const Config& c, int device, int* grid) {
   *grid = 0;
