@@ -38,11 +38,12 @@ at 1.6-1.8x the Triton kernels' time on the H100: each consumer warp loads the w
 four times the weight's bytes (docs/benchmarks.md, issue 35, thirteenth session)."""
 SIDES = (32, 64, 128)
 """The block sides compiled (either side)."""
-PAIRS = ((4, 4), (6, 6), (2, 3), (2, 8), (3, 8), (4, 2))
+PAIRS = ((4, 4), (6, 4), (2, 3), (2, 4), (2, 8), (3, 8), (4, 2))
 """(ring slots, CTAs an SM), the first the default: each the best in a row of issue 35 on the H100 once x came
-through the ring (T = 1 and 16, d = 0.1 and 0.25, both shapes; docs/benchmarks.md, issue 35, twenty-first
-session). With x in the slots a consumer waits on nothing but its slot, so 3-8 CTAs an SM pay where the
-kernel that loaded x itself was bound to 2; an SM takes fewer when they don't fit (``grid``)."""
+through the ring, or within 0.7 µs of it in all eight (T = 1 and 16, d = 0.1 and 0.25, both shapes;
+docs/benchmarks.md, issue 35, twenty-first session). With x in the slots a consumer waits on nothing but
+its slot, so 3-8 CTAs an SM pay where the kernel that loaded x itself was bound to 2. An SM takes fewer
+when they don't fit (``grid``): 6 slots of 64-blocks, 4."""
 CONFIGS = tuple({"stages": s, "ctas": c, "overlap": o} for o in (1, 0) for s, c in PAIRS)
 """Blocks in flight a CTA, CTAs an SM, and whether it launches as a programmatic dependent of the
 kernel before it (1: its prologue and first weight requests overlap that kernel's end).
