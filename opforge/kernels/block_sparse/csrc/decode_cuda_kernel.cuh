@@ -12,7 +12,7 @@
 //   lane of that token; the blocks' columns come 32 at a time across its lanes, the next 32 on their
 //   way). So a consumer loads nothing from global memory in its loop: it waits for its slot and
 //   multiplies. Under a saturated HBM one trip to memory costs microseconds, the whole kernel's
-//   budget; with x loaded by the consumers, three blocks ahead in registers, the kernel ran 0.4-1.4
+//   budget; with x loaded by the consumers, three blocks ahead in registers, the kernel ran 0.2-1.3
 //   µs a layer slower on the H100 at d <= 0.25 (docs/benchmarks.md, issue 35, twenty-first session).
 // * The block's row is found once a CTA (consumer warp 0, shared through shared memory), and a row's
 //   owner loads the earlier CTAs' partial sums four slots at a time.
