@@ -73,80 +73,78 @@ __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, in
 
   float acc[NT][4] = {};
   int slot = 0, parity = 0;
-  {
-    for (int k = 0; k < steps; ++k) {
-      bar_wait(full + slot, parity);
-      const unsigned char* sw = ring + slot * SLOT + ((m * 16 + g) * BW + 8 * t) * static_cast<int>(sizeof(T));
-      const unsigned char* sx = ring + slot * SLOT + BLOCK + (g * BW + 8 * t) * static_cast<int>(sizeof(T));
+  for (int k = 0; k < steps; ++k) {
+    bar_wait(full + slot, parity);
+    const unsigned char* sw = ring + slot * SLOT + ((m * 16 + g) * BW + 8 * t) * static_cast<int>(sizeof(T));
+    const unsigned char* sx = ring + slot * SLOT + BLOCK + (g * BW + 8 * t) * static_cast<int>(sizeof(T));
 #pragma unroll
-      for (int q = 0; q < KQ; ++q) {
-        const uint4 lo4 = lds128(sw + (32 * q) * static_cast<int>(sizeof(T)));
-        const uint4 hi4 = lds128(sw + (8 * BW + 32 * q) * static_cast<int>(sizeof(T)));
+    for (int q = 0; q < KQ; ++q) {
+      const uint4 lo4 = lds128(sw + (32 * q) * static_cast<int>(sizeof(T)));
+      const uint4 hi4 = lds128(sw + (8 * BW + 32 * q) * static_cast<int>(sizeof(T)));
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {  // x's token nt * 8 + g, from the slot (zeros past T)
-          const uint4 xq = nt * 8 + g < a.tokens
-                               ? lds128(sx + (nt * 8 * BW + 32 * q) * static_cast<int>(sizeof(T)))
-                               : make_uint4(0, 0, 0, 0);
-          mma<BF16>(acc[nt], lo4.x, hi4.x, lo4.y, hi4.y, xq.x, xq.y);
-          mma<BF16>(acc[nt], lo4.z, hi4.z, lo4.w, hi4.w, xq.z, xq.w);
-        }
+      for (int nt = 0; nt < NT; ++nt) {  // x's token nt * 8 + g, from the slot (zeros past T)
+        const uint4 xq = nt * 8 + g < a.tokens
+                             ? lds128(sx + (nt * 8 * BW + 32 * q) * static_cast<int>(sizeof(T)))
+                             : make_uint4(0, 0, 0, 0);
+        mma<BF16>(acc[nt], lo4.x, hi4.x, lo4.y, hi4.y, xq.x, xq.y);
+        mma<BF16>(acc[nt], lo4.z, hi4.z, lo4.w, hi4.w, xq.z, xq.w);
       }
-      __syncwarp();
-      if (lane == 0) bar_arrive(empty + slot);
-      const int kb = hi - 1 - k;
-      if (kb == rs || k == steps - 1) {  // walking backwards: the row's part in this share ends here
-        const int unit = r * MT + m;
-        if (rs >= lo && re <= hi) {  // the whole row
-          store_strip<BF16, NT>(a, acc, r, m, g, t);
-        } else if (re > hi) {  // the row goes on past this share: its last block is another CTA's
-          put_partial<NT>(a, acc, c * MT + m, lane);
-          arrive(a, unit, lane);
-        } else {  // rs < lo, re <= hi: the row's last block is here; the CTAs before came in earlier
-          const int c0 = rs / a.chunk;
-          wait_count(a, unit, c - c0, lane);
-          // the slots of CTAs c0 .. c - 1, four loads in flight at a time, added in CTA order
-          float sum[NT][4] = {};
-          for (int w0 = c0; w0 < c; w0 += 4) {
-            float4 p[4][NT];
+    }
+    __syncwarp();
+    if (lane == 0) bar_arrive(empty + slot);
+    const int kb = hi - 1 - k;
+    if (kb == rs || k == steps - 1) {  // walking backwards: the row's part in this share ends here
+      const int unit = r * MT + m;
+      if (rs >= lo && re <= hi) {  // the whole row
+        store_strip<BF16, NT>(a, acc, r, m, g, t);
+      } else if (re > hi) {  // the row goes on past this share: its last block is another CTA's
+        put_partial<NT>(a, acc, c * MT + m, lane);
+        arrive(a, unit, lane);
+      } else {  // rs < lo, re <= hi: the row's last block is here; the CTAs before came in earlier
+        const int c0 = rs / a.chunk;
+        wait_count(a, unit, c - c0, lane);
+        // the slots of CTAs c0 .. c - 1, four loads in flight at a time, added in CTA order
+        float sum[NT][4] = {};
+        for (int w0 = c0; w0 < c; w0 += 4) {
+          float4 p[4][NT];
 #pragma unroll
-            for (int j = 0; j < 4; ++j)
-              if (w0 + j < c) {
-                const float4* part = slot_of<NT>(a, (w0 + j) * MT + m);
+          for (int j = 0; j < 4; ++j)
+            if (w0 + j < c) {
+              const float4* part = slot_of<NT>(a, (w0 + j) * MT + m);
 #pragma unroll
-                for (int i = 0; i < NT; ++i) p[j][i] = __ldcg(part + i * 32 + lane);
+              for (int i = 0; i < NT; ++i) p[j][i] = __ldcg(part + i * 32 + lane);
+            }
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            if (w0 + j < c)
+#pragma unroll
+              for (int i = 0; i < NT; ++i) {
+                sum[i][0] += p[j][i].x;
+                sum[i][1] += p[j][i].y;
+                sum[i][2] += p[j][i].z;
+                sum[i][3] += p[j][i].w;
               }
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-              if (w0 + j < c)
-#pragma unroll
-                for (int i = 0; i < NT; ++i) {
-                  sum[i][0] += p[j][i].x;
-                  sum[i][1] += p[j][i].y;
-                  sum[i][2] += p[j][i].z;
-                  sum[i][3] += p[j][i].w;
-                }
-          }
-#pragma unroll
-          for (int i = 0; i < NT; ++i)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) sum[i][e] += acc[i][e];
-          store_strip<BF16, NT>(a, sum, r, m, g, t);
-          if (lane == 0) a.counts[unit] = 0;
         }
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-        if (kb == rs && k < steps - 1) {  // back to the previous non-empty row
-          --r;
-          re = rs;
-          rs = before;
-          while (rs == re) rs = static_cast<int>(__ldg(a.row_ptr + (--r)));  // empty rows: rare
-          before = r > 0 ? static_cast<int>(__ldg(a.row_ptr + r - 1)) : 0;
-        }
+        for (int i = 0; i < NT; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sum[i][e] += acc[i][e];
+        store_strip<BF16, NT>(a, sum, r, m, g, t);
+        if (lane == 0) a.counts[unit] = 0;
       }
-      if (++slot == stages) {
-        slot = 0;
-        parity ^= 1;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+      if (kb == rs && k < steps - 1) {  // back to the previous non-empty row
+        --r;
+        re = rs;
+        rs = before;
+        while (rs == re) rs = static_cast<int>(__ldg(a.row_ptr + (--r)));  // empty rows: rare
+        before = r > 0 ? static_cast<int>(__ldg(a.row_ptr + r - 1)) : 0;
       }
+    }
+    if (++slot == stages) {
+      slot = 0;
+      parity ^= 1;
     }
   }
 }
