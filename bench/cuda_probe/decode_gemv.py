@@ -25,7 +25,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -36,6 +35,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import edited_source  # noqa: E402
+from decode_sweep import keep_best, report, rotated_row, time_config  # noqa: E402
 
 from opforge.kernels.block_sparse import triton_sizing  # noqa: E402
 from opforge.kernels.block_sparse.layout import BlockSparseLayout  # noqa: E402
@@ -121,59 +121,26 @@ def check(seed: int = 0, layouts: int = 10) -> None:
 
 
 def time_row(kernels, k_in, n_out, tokens, density, args, dev) -> dict:
-    from decode_floor import graph_us  # bench/block_sparse_decode.py's
-
-    dt, n = torch.bfloat16, args.layers
-    g = torch.Generator().manual_seed(0)
-    lays = [BlockSparseLayout.random(n_out, k_in, density, (64, 64), generator=g) for _ in range(n)]
-    idx = [lay.indices(dev) for lay in lays]
-    ws = [torch.randn(lay.nnz, 64, 64, device=dev, dtype=dt) for lay in lays]
-    x = torch.randn(tokens, k_in, device=dev, dtype=dt)
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    ys = [torch.empty(tokens, n_out, device=dev, dtype=dt) for _ in range(n)]
-    counts = [torch.zeros(n_out // 64, dtype=torch.int32, device=dev) for _ in range(n)]
-    part = torch.full((8 * sms + 8, tokens, 64), triton_sizing.SLOT_EMPTY, dtype=torch.int32, device=dev)
-    early, overlap = triton_sizing.decode_start(dev)
-    refs = [x.float() @ lays[i].scatter(ws[i].float()).t() for i in (0, n - 1)]
-    dense_w = [torch.randn(n_out, k_in, device=dev, dtype=dt) for _ in range(n)]
-    dense_us = graph_us(lambda: [torch.nn.functional.linear(x, dw) for dw in dense_w], dev, n)
-    dense_w.clear()
-    row = {"in": k_in, "out": n_out, "tokens": tokens, "density": density, "dense_us": dense_us, "all": []}
+    rot = rotated_row(k_in, n_out, tokens, density, args.layers, dev)
     variants = [("decode", 16, (True, False)), ("decode mac", triton_sizing.pow2(tokens), (True, False)),
                 ("uncut", 16, (False,)), ("uncut mac", triton_sizing.pow2(tokens), (False,))]
     for name, block_m, flats in variants:
         kind = name.split()[0]
         use = kernels if name.endswith("mac") else (_decode_kernel, _decode_uncut_kernel)
-        best = None
         for waves in map(int, args.waves.split(",")):
-            chunks = [triton_sizing.decode_chunk(lay.nnz, waves, sms) for lay in lays]
+            chunks = [triton_sizing.decode_chunk(lay.nnz, waves, rot.sms) for lay in rot.lays]
             for pipe in args.pipes.split(","):
                 warps, stages = map(int, pipe.split("x"))
                 for flat in flats:
                     def layers(chunks=chunks, warps=warps, stages=stages, flat=flat, use=use, kind=kind,
                                block_m=block_m):
-                        for i in range(n):
+                        for i in range(rot.layers):
                             chunk, progs = chunks[i]
-                            launch(use, kind, progs, x, ws[i], ws[i], ys[i], part, counts[i], idx[i], tokens, k_in,
-                                   n_out, lays[i].nnz, chunk, 64, 64, "tf32", early, overlap, block_m, warps, stages,
-                                   flat)
-                    try:
-                        us = graph_us(layers, dev, n)
-                    except Exception as exc:  # noqa: BLE001 - a config that doesn't compile: reported
-                        print(f"  {name} waves {waves} {pipe} flat {flat}: {type(exc).__name__}: {str(exc)[:120]}")
-                        continue
-                    for j, i in enumerate((0, n - 1)):
-                        torch.testing.assert_close(ys[i].float(), refs[j], atol=0.05 * refs[j].abs().max().item(),
-                                                   rtol=0.02)
-                    assert not any(c.any() for c in counts), name
-                    assert bool((part == triton_sizing.SLOT_EMPTY).all()), "slots not emptied"
-                    row["all"].append({"variant": name, "waves": waves, "pipe": pipe, "flat": flat, "us": us})
-                    if best is None or us < best[0]:
-                        best = (us, waves, pipe, flat)
-        if best is not None:
-            row[name] = {"us": best[0], "waves": best[1], "pipe": best[2], "flat": best[3],
-                         "x_dense": dense_us / best[0]}
-    return row
+                            launch(use, kind, progs, rot.x, rot.ws[i], rot.ws[i], rot.ys[i], rot.part, rot.counts[i],
+                                   rot.idx[i], tokens, k_in, n_out, rot.lays[i].nnz, chunk, 64, 64, "tf32", rot.early,
+                                   rot.overlap, block_m, warps, stages, flat)
+                    time_config(rot, name, {"waves": waves, "pipe": pipe, "flat": flat}, layers)
+    return keep_best(rot, [v[0] for v in variants])
 
 
 def main() -> None:
@@ -197,16 +164,8 @@ def main() -> None:
         k_in, n_out = map(int, shape.split("x"))
         for t in map(int, args.tokens.split(",")):
             for d in map(float, args.densities.split(",")):
-                r = time_row(kernels, k_in, n_out, t, d, args, dev)
-                res["rows"].append(r)
-                print(f"{k_in}->{n_out} T={t} d={d}: dense {r['dense_us']:.1f}; "
-                      + "; ".join(f"{k} {r[k]['us']:.2f} ({r[k]['x_dense']:.2f}x, w{r[k]['waves']} {r[k]['pipe']}"
-                                  f"{' flat' if r[k]['flat'] else ''})" for k in ("decode", "decode mac", "uncut",
-                                                                                   "uncut mac") if k in r), flush=True)
-                if args.json:
-                    with open(args.json, "w") as f:
-                        json.dump(res, f, indent=1)
-
+                report(res, time_row(kernels, k_in, n_out, t, d, args, dev),
+                       ("decode", "decode mac", "uncut", "uncut mac"), args.json)
 
 if __name__ == "__main__":
     main()

@@ -26,7 +26,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -38,10 +37,9 @@ sys.path.insert(0, HERE)
 
 import edited_source  # noqa: E402
 from decode_flat import launch  # noqa: E402
-from decode_floor import graph_us  # noqa: E402
+from decode_sweep import keep_best, report, rotated_row, time_config, tiny_case  # noqa: E402
 
 from opforge.kernels.block_sparse import triton_sizing  # noqa: E402
-from opforge.kernels.block_sparse.layout import BlockSparseLayout  # noqa: E402
 
 PATCH = os.path.join(HERE, "decode_one_token.patch")
 _STEPS = "FMA_STEPS = tl.constexpr("
@@ -85,14 +83,8 @@ def check(kernels: dict, seed: int = 0, layouts: int = 12) -> None:
     g = torch.Generator().manual_seed(seed)
     bad = runs = 0
     for i in range(layouts):
-        bh, bw = ((16, 16), (32, 16), (16, 64), (16, 128))[i % 4]
-        grid = (int(torch.randint(1, 6, (1,), generator=g)), int(torch.randint(1, 5, (1,), generator=g)))
-        mask = torch.rand(grid, generator=g) < (1.0 if i == 0 else 0.0 if i == 1 else torch.rand(1, generator=g).item())
-        lay = BlockSparseLayout(mask, (bh, bw))
-        idx, (n_out, k_in) = lay.indices(), lay.shape
-        x = torch.randn(1, k_in, generator=g)
-        w = torch.randn(lay.nnz, bh, bw, generator=g)
-        b = torch.randn(n_out, generator=g)
+        lay, idx, n_out, k_in, x, w, b = tiny_case(i, g, 5, 4)
+        bh, bw = lay.block_shape
         for has_bias in (False, True):
             ref = x.double() @ lay.scatter(w.double()).t() + (b.double() if has_bias else 0.0)
             for chunk in range(1, lay.nnz + 2):
@@ -100,7 +92,7 @@ def check(kernels: dict, seed: int = 0, layouts: int = 12) -> None:
                 for (steps, kernel), flat in [(kv, f) for kv in kernels.items() for f in (True, False)]:
                     y = torch.full((1, n_out), float("nan"))
                     part = torch.full((programs, 1, bh), triton_sizing.SLOT_EMPTY, dtype=torch.int32)
-                    counts = torch.zeros(grid[0], dtype=torch.int32)
+                    counts = torch.zeros(n_out // bh, dtype=torch.int32)
                     kernel[(programs,)](x, w, b, y, part, counts, idx.cols, idx.row_ptr, idx.rows, 1, k_in, n_out,
                                         lay.nnz, chunk, BH=bh, BW=bw, HAS_BIAS=has_bias, PRECISION="ieee",
                                         BLOCK_K=min(bw, 64), EARLY=0, OVERLAP=False, BLOCK_M=1, WAVES=0, FLAT=flat)
@@ -115,56 +107,30 @@ def check(kernels: dict, seed: int = 0, layouts: int = 12) -> None:
 
 
 def time_row(k_in, n_out, density, args, dev) -> dict:
-    dt, n, tokens = torch.bfloat16, args.layers, 1
-    g = torch.Generator().manual_seed(0)
-    lays = [BlockSparseLayout.random(n_out, k_in, density, (64, 64), generator=g) for _ in range(n)]
-    idx = [lay.indices(dev) for lay in lays]
-    ws = [torch.randn(lay.nnz, 64, 64, device=dev, dtype=dt) for lay in lays]
-    x = torch.randn(tokens, k_in, device=dev, dtype=dt)
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    ys = [torch.empty(tokens, n_out, device=dev, dtype=dt) for _ in range(n)]
-    counts = [torch.zeros(n_out // 64, dtype=torch.int32, device=dev) for _ in range(n)]
-    part = torch.full((8 * sms + 8, tokens, 64), triton_sizing.SLOT_EMPTY, dtype=torch.int32, device=dev)
-    early, overlap = triton_sizing.decode_start(dev)
-    refs = [x.float() @ lays[i].scatter(ws[i].float()).t() for i in (0, n - 1)]
-    dense_w = [torch.randn(n_out, k_in, device=dev, dtype=dt) for _ in range(n)]
-    dense_us = graph_us(lambda: [torch.nn.functional.linear(x, dw) for dw in dense_w], dev, n)
-    dense_w.clear()
-    row = {"in": k_in, "out": n_out, "tokens": tokens, "density": density, "dense_us": dense_us, "all": []}
+    tokens = 1
+    rot = rotated_row(k_in, n_out, tokens, density, args.layers, dev)
     variants = [(16, args.pipes16, None, "tile 16")]  # the package's kernel as it is
     variants += [(1, args.pipes1, k, f"tile 1 steps {s}") for s, k in args.kernels.items()]
     for block_m, pipes, kernel, name in variants:
-        best = None
         for waves in map(int, args.waves.split(",")):
-            chunks = [triton_sizing.decode_chunk(lay.nnz, waves, sms) for lay in lays]
+            chunks = [triton_sizing.decode_chunk(lay.nnz, waves, rot.sms) for lay in rot.lays]
             for pipe in pipes.split(","):
                 warps, stages = map(int, pipe.split("x"))
                 for flat in (True, False):
                     def layers(chunks=chunks, warps=warps, stages=stages, flat=flat, block_m=block_m, kernel=kernel):
-                        for i in range(n):
+                        for i in range(rot.layers):
                             chunk, progs = chunks[i]
                             if kernel is not None:
-                                launch_with(kernel, progs, x, ws[i], ys[i], part, counts[i], idx[i], k_in, n_out,
-                                            lays[i].nnz, chunk, early, overlap, warps, stages, flat)
+                                launch_with(kernel, progs, rot.x, rot.ws[i], rot.ys[i], rot.part, rot.counts[i],
+                                            rot.idx[i], k_in, n_out, rot.lays[i].nnz, chunk, rot.early, rot.overlap,
+                                            warps, stages, flat)
                                 continue
-                            launch("package-flat" if flat else "package-loops", (progs,), x, ws[i], ws[i], ys[i], part,
-                                   counts[i], idx[i], tokens, k_in, n_out, lays[i].nnz, chunk, 64, 64, "tf32", early,
-                                   overlap, block_m, warps, stages)
-                    try:
-                        us = graph_us(layers, dev, n)
-                    except Exception as exc:  # noqa: BLE001 - a config that doesn't compile: reported
-                        print(f"  {name} waves {waves} {pipe} flat {flat}: {type(exc).__name__}: {str(exc)[:120]}")
-                        continue
-                    for j, i in enumerate((0, n - 1)):
-                        torch.testing.assert_close(ys[i].float(), refs[j], atol=0.05 * refs[j].abs().max().item(),
-                                                   rtol=0.02)
-                    assert bool((part == triton_sizing.SLOT_EMPTY).all()), "slots not emptied"
-                    row["all"].append({"variant": name, "waves": waves, "pipe": pipe, "flat": flat, "us": us})
-                    if best is None or us < best[0]:
-                        best = (us, waves, pipe, flat)
-        row[name] = {"us": best[0], "waves": best[1], "pipe": best[2], "flat": best[3],
-                                  "x_dense": dense_us / best[0]}
-    return row
+                            launch("package-flat" if flat else "package-loops", (progs,), rot.x, rot.ws[i], rot.ws[i],
+                                   rot.ys[i], rot.part, rot.counts[i], rot.idx[i], tokens, k_in, n_out,
+                                   rot.lays[i].nnz, chunk, 64, 64, "tf32", rot.early, rot.overlap, block_m, warps,
+                                   stages)
+                    time_config(rot, name, {"waves": waves, "pipe": pipe, "flat": flat}, layers)
+    return keep_best(rot, [v[3] for v in variants])
 
 
 def main() -> None:
@@ -190,15 +156,7 @@ def main() -> None:
     for shape in args.shapes.split(","):
         k_in, n_out = map(int, shape.split("x"))
         for d in map(float, args.densities.split(",")):
-            r = time_row(k_in, n_out, d, args, dev)
-            res["rows"].append(r)
-            print(f"{k_in}->{n_out} d={d}: dense {r['dense_us']:.1f}; "
-                  + "; ".join(f"{k} {r[k]['us']:.2f} ({r[k]['x_dense']:.2f}x, w{r[k]['waves']} {r[k]['pipe']}"
-                              f"{' flat' if r[k]['flat'] else ''})" for k in names), flush=True)
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump(res, f, indent=1)
-
+            report(res, time_row(k_in, n_out, d, args, dev), names, args.json)
 
 if __name__ == "__main__":
     main()

@@ -23,7 +23,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -35,10 +34,9 @@ sys.path.insert(0, HERE)
 
 import edited_source  # noqa: E402
 from decode_flat import launch  # noqa: E402
-from decode_floor import graph_us  # noqa: E402
+from decode_sweep import keep_best, report, rotated_row, time_config, tiny_case  # noqa: E402
 
 from opforge.kernels.block_sparse import triton_sizing  # noqa: E402
-from opforge.kernels.block_sparse.layout import BlockSparseLayout  # noqa: E402
 
 _EDITS = (
     ("        acc = tl.zeros((BLOCK_M, SUB), dtype=tl.float32)\n",
@@ -75,14 +73,8 @@ def check(kernel, seed: int = 0, layouts: int = 12) -> None:
     g = torch.Generator().manual_seed(seed)
     bad = runs = 0
     for i in range(layouts):
-        bh, bw = ((16, 16), (32, 16), (16, 64), (16, 128))[i % 4]
-        grid = (int(torch.randint(1, 5, (1,), generator=g)), int(torch.randint(1, 5, (1,), generator=g)))
-        mask = torch.rand(grid, generator=g) < (1.0 if i == 0 else 0.0 if i == 1 else torch.rand(1, generator=g).item())
-        lay = BlockSparseLayout(mask, (bh, bw))
-        idx, (n_out, k_in) = lay.indices(), lay.shape
-        x = torch.randn(1, k_in, generator=g)
-        w = torch.randn(lay.nnz, bh, bw, generator=g)
-        b = torch.randn(n_out, generator=g)
+        lay, idx, n_out, k_in, x, w, b = tiny_case(i, g, 4, 4)
+        bh, bw = lay.block_shape
         for sub in (1, 4, bh):
             total = bh // sub * lay.nnz
             for has_bias in (False, True):
@@ -103,56 +95,30 @@ def check(kernel, seed: int = 0, layouts: int = 12) -> None:
 
 
 def time_row(kernel, k_in, n_out, density, args, dev) -> dict:
-    dt, n = torch.bfloat16, args.layers
-    g = torch.Generator().manual_seed(0)
-    lays = [BlockSparseLayout.random(n_out, k_in, density, (64, 64), generator=g) for _ in range(n)]
-    idx = [lay.indices(dev) for lay in lays]
-    ws = [torch.randn(lay.nnz, 64, 64, device=dev, dtype=dt) for lay in lays]
-    x = torch.randn(1, k_in, device=dev, dtype=dt)
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    ys = [torch.empty(1, n_out, device=dev, dtype=dt) for _ in range(n)]
-    counts = [torch.zeros(n_out // 64, dtype=torch.int32, device=dev) for _ in range(n)]
-    part = torch.full((8 * sms + 8, 1, 64), triton_sizing.SLOT_EMPTY, dtype=torch.int32, device=dev)
-    early, overlap = triton_sizing.decode_start(dev)
-    refs = [x.float() @ lays[i].scatter(ws[i].float()).t() for i in (0, n - 1)]
-    dense_w = [torch.randn(n_out, k_in, device=dev, dtype=dt) for _ in range(n)]
-    dense_us = graph_us(lambda: [torch.nn.functional.linear(x, dw) for dw in dense_w], dev, n)
-    dense_w.clear()
-    row = {"in": k_in, "out": n_out, "tokens": 1, "density": density, "dense_us": dense_us, "all": []}
+    rot = rotated_row(k_in, n_out, 1, density, args.layers, dev)
     variants = [("decode", None, "4x4,4x6,8x6,4x8,2x8"), ("uncut", None, "2x8,4x8,4x12")]
     variants += [(f"uncut fma {s}", int(s), args.pipes) for s in args.subs.split(",")]
     for name, sub, pipes in variants:
-        best = None
         for waves in map(int, args.waves.split(",")):
             for pipe in pipes.split(","):
                 warps, stages = map(int, pipe.split("x"))
                 for flat in ((True, False) if name == "decode" else (False,)):
                     def layers(waves=waves, warps=warps, stages=stages, flat=flat, name=name, sub=sub):
-                        for i in range(n):
-                            nnz = lays[i].nnz
+                        for i in range(rot.layers):
+                            nnz = rot.lays[i].nnz
                             if sub is None:
-                                chunk, progs = triton_sizing.decode_chunk(nnz, waves, sms)
+                                chunk, progs = triton_sizing.decode_chunk(nnz, waves, rot.sms)
                                 launch("package-flat" if flat else ("package-loops" if name == "decode" else "uncut"),
-                                       (progs,), x, ws[i], ws[i], ys[i], part, counts[i], idx[i], 1, k_in, n_out, nnz,
-                                       chunk, 64, 64, "tf32", early, overlap, 16, warps, stages)
+                                       (progs,), rot.x, rot.ws[i], rot.ws[i], rot.ys[i], rot.part, rot.counts[i],
+                                       rot.idx[i], 1, k_in, n_out, nnz, chunk, 64, 64, "tf32", rot.early, rot.overlap,
+                                       16, warps, stages)
                             else:
                                 total = 64 // sub * nnz
-                                chunk, progs = triton_sizing.decode_chunk(total, waves, sms)
-                                run(kernel, progs, x, ws[i], ws[i], ys[i], idx[i], k_in, n_out, total, chunk, 64, 64,
-                                    sub, overlap, warps, stages)
-                    try:
-                        us = graph_us(layers, dev, n)
-                    except Exception as exc:  # noqa: BLE001 - a config that doesn't compile: reported
-                        print(f"  {name} waves {waves} {pipe}: {type(exc).__name__}: {str(exc)[:120]}")
-                        continue
-                    for j, i in enumerate((0, n - 1)):
-                        torch.testing.assert_close(ys[i].float(), refs[j], atol=0.05 * refs[j].abs().max().item(),
-                                                   rtol=0.02)
-                    row["all"].append({"variant": name, "waves": waves, "pipe": pipe, "flat": flat, "us": us})
-                    if best is None or us < best[0]:
-                        best = (us, waves, pipe, flat)
-        row[name] = {"us": best[0], "waves": best[1], "pipe": best[2], "flat": best[3], "x_dense": dense_us / best[0]}
-    return row
+                                chunk, progs = triton_sizing.decode_chunk(total, waves, rot.sms)
+                                run(kernel, progs, rot.x, rot.ws[i], rot.ws[i], rot.ys[i], rot.idx[i], k_in, n_out,
+                                    total, chunk, 64, 64, sub, rot.overlap, warps, stages)
+                    time_config(rot, name, {"waves": waves, "pipe": pipe, "flat": flat}, layers)
+    return keep_best(rot, [v[0] for v in variants])
 
 
 def main() -> None:
@@ -176,15 +142,7 @@ def main() -> None:
     for shape in args.shapes.split(","):
         k_in, n_out = map(int, shape.split("x"))
         for d in map(float, args.densities.split(",")):
-            r = time_row(kernel, k_in, n_out, d, args, dev)
-            res["rows"].append(r)
-            print(f"{k_in}->{n_out} d={d}: dense {r['dense_us']:.1f}; "
-                  + "; ".join(f"{k} {r[k]['us']:.2f} ({r[k]['x_dense']:.2f}x, w{r[k]['waves']} {r[k]['pipe']})"
-                              for k in names), flush=True)
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump(res, f, indent=1)
-
+            report(res, time_row(kernel, k_in, n_out, d, args, dev), names, args.json)
 
 if __name__ == "__main__":
     main()
