@@ -6,19 +6,20 @@
 // * decode_cuda_{bf16,f16}.cu: the kernels of one dtype (decode_cuda_kernel.cuh), built in
 //   parallel; each exports its kernel table.
 //
-// y = x Wᵀ (+ b) for 1 <= T <= 32 tokens, W's kept blocks stored (nnz, bh, bw) in block-row order
+// y = x Wᵀ (+ b) for 1 <= T <= 64 tokens, W's kept blocks stored (nnz, bh, bw) in block-row order
 // (row_ptr, cols: int64). sm_90 and newer only (the copy engine's cp.async.bulk and mbarriers):
 // elsewhere grid_of() offers nothing and the Triton kernels take the call.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap (the type only: the driver's encoder is found at run time)
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 
 namespace opforge_block_sparse_decode {
 
-// The variants compiled: bh and bw of 32, 64 or 128, 8-token tiles 1, 2 or 4.
-constexpr int kMaxTokens = 32;
+// The variants compiled: bh and bw of 32, 64 or 128, 8-token tiles 1, 2, 4 or 8.
+constexpr int kMaxTokens = 64;
 
 // The launch arguments: the tensors' data and the geometry.
 struct Args {
@@ -40,7 +41,8 @@ struct Config {
   int nt, kq, mt, stages, ctas, overlap;
 };
 
-using Kernel = void (*)(Args, int);
+// (the args, the ring's slots, x's tensor map: a (bw, T) box of x, unused at T = 1)
+using Kernel = void (*)(Args, int, CUtensorMap);
 
 // The kernel of a variant (nullptr: not compiled). One table a dtype (decode_cuda_{bf16,f16}.cu).
 Kernel kernel_bf16(int nt, int kq, int mt);
@@ -50,7 +52,8 @@ int threads_of(const Config& c);
 int smem_of(const Config& c, int elem_bytes);
 
 // The grid (CTAs) the config launches on `device`: `ctas` an SM, or as many as fit at once; 0 when
-// the variant isn't compiled, the device is older than sm_90, or it fits nowhere.
+// the variant isn't compiled, the device is older than sm_90, it fits nowhere, or the driver has
+// no tensor-map encoder (cuTensorMapEncodeTiled, CUDA 12.0+).
 cudaError_t grid_of(bool bf16, const Config& c, int device, int* grid);
 
 // Launch over `grid` CTAs; a.chunk blocks each.

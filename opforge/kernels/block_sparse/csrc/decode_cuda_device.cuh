@@ -123,6 +123,17 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, int bytes,
                : "memory");
 }
 
+// One lane: the (box) tile of a 2-D tensor map's tensor at element (c0, c1), innermost first, into
+// shared `dst` (128-byte aligned), counted on `bar` (already expecting the box's bytes). `map` is a
+// __grid_constant__ kernel parameter.
+__device__ __forceinline__ void tensor_copy_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+      : "memory");
+}
+
 // One lane: `bytes` from global `src` on their way into L2 (no barrier, no data: harmless even
 // where a kernel still running writes `src`, since L2 is where its writes land).
 __device__ __forceinline__ void prefetch_l2(const void* src, int bytes) {

@@ -11,6 +11,44 @@ namespace opforge_block_sparse_decode {
 
 int threads_of(const Config& c) { return 32 * (c.mt + 1); }
 
+namespace {
+
+using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
+                            const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                            CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// The driver's cuTensorMapEncodeTiled (12.0's ABI), found once through the runtime: no link to libcuda.
+Encode encoder() {
+  static const Encode found = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+#if CUDART_VERSION >= 12050
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &status);
+#else
+    const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &status);
+#endif
+    return err == cudaSuccess && status == cudaDriverEntryPointSuccess ? reinterpret_cast<Encode>(fn) : nullptr;
+  }();
+  return found;
+}
+
+// x (tokens, k_in) as a 2-D tensor, its box a block's column slice of every token: (bw, tokens),
+// rows bw * elem bytes apart in shared memory, as the ring's slot holds them. Only for tokens > 1.
+cudaError_t x_map(bool bf16, const Config& c, const Args& a, CUtensorMap* map) {
+  const Encode encode = encoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(a.k_in), static_cast<cuuint64_t>(a.tokens)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.k_in) * 2};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(32 * c.kq), static_cast<cuuint32_t>(a.tokens)};
+  const cuuint32_t steps[2] = {1, 1};
+  const CUresult r = encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                            const_cast<void*>(a.x), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+}  // namespace
+
 // the ring: a slot a stage, each a block and x's slice at its column (decode_cuda_kernel.cuh's slot_bytes)
 int smem_of(const Config& c, int elem_bytes) {
   return ring_offset(c.stages) + c.stages * (16 * c.mt + 8 * c.nt) * 32 * c.kq * elem_bytes;
@@ -31,7 +69,7 @@ cudaError_t grid_of(bool bf16, const Config& c, int device, int* grid) {
     cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    if (err == cudaSuccess && major >= 9 && smem <= most) {
+    if (err == cudaSuccess && major >= 9 && smem <= most && encoder() != nullptr) {
       int current = 0;  // cudaFuncSetAttribute and the occupancy query act on the current device
       err = cudaGetDevice(&current);
       if (err == cudaSuccess && current != device) err = cudaSetDevice(device);
@@ -71,7 +109,12 @@ cudaError_t launch(bool bf16, const Config& c, int grid, const Args& a, cudaStre
   overlap[0].val.programmaticStreamSerializationAllowed = 1;
   launch.attrs = overlap;
   launch.numAttrs = c.overlap ? 1 : 0;
-  return cudaLaunchKernelEx(&launch, fn, a, c.stages);
+  CUtensorMap map{};
+  if (a.tokens > 1) {
+    const cudaError_t err = x_map(bf16, c, a, &map);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaLaunchKernelEx(&launch, fn, a, c.stages, map);
 }
 
 }  // namespace opforge_block_sparse_decode
