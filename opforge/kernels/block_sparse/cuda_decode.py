@@ -6,7 +6,7 @@ one ring of blocks a CTA filled by the copy engine (``cp.async.bulk``), so the b
 bounded by shared memory rather than registers, and walks its share of the blocks backwards so
 rows cut between CTAs are summed with one trip to memory (``csrc/decode_cuda_kernel.cuh``).
 
-* **Where:** sm_90 and newer, float16 and bfloat16, 1 to 64 tokens, blocks of 32, 64 or 128 on
+* **Where:** sm_90 and newer, float16 and bfloat16, 1 to 32 tokens, blocks of 32, 64 or 128 on
   each side, x and w contiguous and 16-byte aligned, b contiguous (``offered``). Anything else, or
   ``OPFORGE_BLOCK_SPARSE_CUDA=0``, is not offered and the Triton kernels take the call.
 * **Built** on first use (a stable-ABI extension of its own, like ``native_autograd.py``'s, so one
@@ -32,11 +32,13 @@ from ...process import forgets
 from ..tuned_op import OpPlan, TunedOp
 from .triton_sizing import bucket, depth, split_counts
 
-MAX_TOKENS = 64
-"""The most tokens the compiled variants take (8-token tiles 1, 2, 4, 8). A tile of 64 tokens ran at
-1.6-1.8x the Triton kernels' time on the H100 while each consumer warp loaded the whole x tile a block
-from global memory (docs/benchmarks.md, issue 35, thirteenth session); since x comes through the ring
-it is read from shared memory, and the tile is offered again (twenty-second session)."""
+MAX_TOKENS = 32
+"""The most tokens the compiled variants take (8-token tiles 1, 2, 4). A tile of 64 tokens (8 x 8) ran
+at 1.6-1.8x the Triton kernels' time on the H100 when each consumer warp loaded the whole x tile a block
+from global memory (docs/benchmarks.md, issue 35, thirteenth session), and still at 1.1-1.4x on the
+H200 with x through the ring in one copy a block (twenty-second session): each of the four consumer
+warps reads all of x's 8 KB from shared memory for its mma.sync, where the Triton kernels' wgmma reads
+it once."""
 SIDES = (32, 64, 128)
 """The block sides compiled (either side)."""
 PAIRS = ((4, 4), (6, 4), (2, 3), (2, 4), (2, 8), (3, 8), (4, 2))

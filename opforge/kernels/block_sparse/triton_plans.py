@@ -67,7 +67,7 @@ DECODE_ROUTE = None if triton is None else Route(
 """Up to ``DECODE_MAX_TOKENS`` tokens, which forward runs a size class: ``_decode_kernel`` (equal runs
 of blocks per program), ``_decode_uncut_kernel`` (no row cut across programs), the pointer kernel
 (a block-row per program, split at T <= 32) or, where it is offered (``cuda_decode.offered``: sm_90+,
-T <= 64), the CUDA kernel (a copy-engine ring a CTA), timed once per key under graph replay on stand-ins
+T <= 32), the CUDA kernel (a copy-engine ring a CTA), timed once per key under graph replay on stand-ins
 for the weight (``graph_timing``; their configs too) and kept (on an H200 the
 decode kernel took 1.4x the pointer kernel's time at d=0.1, T=64 on 4096->14336, and half of it on
 14336->4096 at T=64: ``docs/benchmarks.md``, issue 35)."""

@@ -1,7 +1,7 @@
 """The decode forwards (issue 35), up to ``DECODE_MAX_TOKENS`` tokens: ``_decode_kernel`` (equal runs
 of the kept blocks per program whatever rows they fall in), ``_decode_uncut_kernel`` (units of
 whole rows, or slices of rows along the outputs, dealt out in order) and the CUDA kernel
-(``cuda_decode.py``: a copy-engine ring a CTA, sm_90+, T <= 64), each through the op (the route made
+(``cuda_decode.py``: a copy-engine ring a CTA, sm_90+, T <= 32), each through the op (the route made
 to take it first, as it does untimed) and called directly. Checked against the masked
 dense fp64 result for every block size, bf16 and fp16, layouts with empty rows, a full row and
 rows of every length, every way the runs can cut the rows (the kernels called with each run
@@ -244,8 +244,8 @@ def run_cuda(lay, w, x, b, chunk: int, stages: int = 3, ctas: int = 2, overlap: 
 def test_the_cuda_kernel_is_offered_where_it_should_be():
     lay, w, x, b, _ = case(ragged(6), (64, 64), 17, torch.bfloat16)
     assert cuda_decode.offered(x, w, b) and cuda_decode.offered(x, w, None)
-    assert cuda_decode.offered(torch.zeros(64, x.shape[1], device="cuda", dtype=x.dtype), w, b)
-    assert not cuda_decode.offered(torch.zeros(65, x.shape[1], device="cuda", dtype=x.dtype), w, b)  # T > 64
+    assert cuda_decode.offered(torch.zeros(32, x.shape[1], device="cuda", dtype=x.dtype), w, b)
+    assert not cuda_decode.offered(torch.zeros(33, x.shape[1], device="cuda", dtype=x.dtype), w, b)  # T > 32
     assert not cuda_decode.offered(x.float(), w.float(), None)  # fp32: the Triton kernels
     assert not cuda_decode.offered(x, w.transpose(1, 2), b)  # not contiguous
     _, w16, x16, _, _ = case(ragged(6), (16, 16), 1, torch.bfloat16)
@@ -306,7 +306,7 @@ def test_the_route_runs_the_cuda_kernel_when_it_comes_first(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("block", [(32, 32), (64, 64), (128, 64), (32, 128), (128, 128)],
                          ids=lambda b: f"{b[0]}x{b[1]}")
-@pytest.mark.parametrize("tokens", [1, 2, 17, 32, 33, 64])
+@pytest.mark.parametrize("tokens", [1, 2, 17, 32])
 def test_every_way_the_cuda_kernels_shares_cut_the_rows(tokens, block, dtype):
     """Shares of 1, 2, 3, 5 and 7 blocks, of all, of more than all (and the grid's own): rows whole
     in a CTA, cut at one end or both, over many CTAs; empty rows anywhere; with and without a bias."""
@@ -320,7 +320,7 @@ def test_every_way_the_cuda_kernels_shares_cut_the_rows(tokens, block, dtype):
 @needs_hopper
 @pytest.mark.parametrize("stages, ctas, overlap", [(1, 1, 0), (2, 3, 1), (8, 1, 0), (4, 64, 1), (6, 1, 1)])
 def test_every_ring_depth_ctas_an_sm_and_overlap(stages, ctas, overlap):
-    for tokens in (9, 64):  # 64: two x copies a producer lane, 16 KB slots
+    for tokens in (9, 32):  # x's box 9 or 32 rows high
         lay, w, x, b, ref = case(ragged(9), (64, 64), tokens, torch.bfloat16)
         for chunk in (0, 2, 5):
             close(run_cuda(lay, w, x, b, chunk, stages, ctas, overlap), ref, torch.bfloat16)
@@ -392,7 +392,7 @@ def test_many_small_layouts_every_share_twice_and_bitwise_repeatable():
     for trial in range(40):
         grid = (int(torch.randint(1, 5, (1,), generator=g)), int(torch.randint(1, 5, (1,), generator=g)))
         mask = torch.rand(grid, generator=g) < float(torch.rand(1, generator=g))
-        tokens = (1, 5, 32, 64)[trial % 4]
+        tokens = (1, 5, 32)[trial % 3]
         lay, w, x, b, ref = case(mask, (32, 32), tokens, torch.float16, bias=trial % 2 == 0, seed=trial)
         for chunk in range(0, lay.nnz + 2):
             first = run_cuda(lay, w, x, b, chunk, overlap=trial % 2)
@@ -408,7 +408,7 @@ def test_a_real_model_size_through_the_cuda_kernel_is_deterministic():
     lay = BlockSparseLayout.by_magnitude(weight, 0.25, (64, 64))
     w = lay.gather(weight.to(torch.bfloat16)).cuda()
     b = torch.randn(14336, generator=g).to("cuda", torch.bfloat16)
-    for tokens in (1, 32, 64):
+    for tokens in (1, 32):
         x = torch.randn(tokens, 4096, generator=g).to("cuda", torch.bfloat16)
         ref = x.double() @ lay.scatter(w.double()).t() + b.double()
         y = run_cuda(lay, w, x, b, 0)
@@ -427,8 +427,8 @@ def test_bad_input_to_the_cuda_kernel_is_a_clear_error():
     def refused(match, *args):
         with pytest.raises(RuntimeError, match=match):
             fwd(*args)
-    big = torch.zeros(65, x.shape[1], device="cuda", dtype=x.dtype)
-    refused("1 to 64 tokens", big, w, b, torch.empty(65, lay.shape[0], device="cuda", dtype=x.dtype), idx.cols,
+    big = torch.zeros(33, x.shape[1], device="cuda", dtype=x.dtype)
+    refused("1 to 32 tokens", big, w, b, torch.empty(33, lay.shape[0], device="cuda", dtype=x.dtype), idx.cols,
             idx.row_ptr, counts, 0, 3, 2, 0)
     refused("bfloat16 or float16", x.float(), w.float(), None, y.float(), idx.cols, idx.row_ptr, counts, 0, 3, 2, 0)
     refused("contiguous", x, w.transpose(1, 2), b, y, idx.cols, idx.row_ptr, counts, 0, 3, 2, 0)

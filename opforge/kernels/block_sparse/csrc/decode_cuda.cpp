@@ -5,7 +5,7 @@
 // Ops, registered under the namespace given by -DOPFORGE_NS=<name> (cuda_decode.py calls them):
 //   forward(Tensor x, Tensor w, Tensor? b, Tensor(a!) y, Tensor cols, Tensor row_ptr,
 //           Tensor(b!) counts, int chunk, int stages, int ctas, int overlap) -> ()
-//     y = x Wᵀ (+ b): x (T, in) with 1 <= T <= 64 and w (nnz, bh, bw) contiguous, float16 or
+//     y = x Wᵀ (+ b): x (T, in) with 1 <= T <= 32 and w (nnz, bh, bw) contiguous, float16 or
 //     bfloat16, 16-byte aligned, bh and bw of 32, 64 or 128; b (out) of x's dtype, contiguous; y
 //     (T, out) of x's dtype, contiguous; cols (nnz) and row_ptr (out / bh + 1) int64, the layout's;
 //     counts int32 zeros of at least (out / bh) * (bh / 16) elements, left at zero (one buffer a
@@ -64,7 +64,7 @@ bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr(
 // The variant of T tokens and bh x bw blocks (nt 0: none takes T).
 k::Config config_of(int64_t tokens, int64_t bh, int64_t bw, int64_t stages, int64_t ctas, bool overlap = false) {
   const int64_t tiles = (tokens + 7) / 8;
-  const int nt = tiles <= 2 ? static_cast<int>(tiles) : (tiles <= 4 ? 4 : (tiles <= 8 ? 8 : 0));
+  const int nt = tiles <= 2 ? static_cast<int>(tiles) : (tiles <= 4 ? 4 : 0);
   return k::Config{nt, static_cast<int>(bw / 32), static_cast<int>(bh / 16), static_cast<int>(std::clamp<int64_t>(stages, 0, 64)),
                    static_cast<int>(std::clamp<int64_t>(ctas, 0, 64)), overlap ? 1 : 0};
 }

@@ -6,7 +6,7 @@
 // * decode_cuda_{bf16,f16}.cu: the kernels of one dtype (decode_cuda_kernel.cuh), built in
 //   parallel; each exports its kernel table.
 //
-// y = x Wᵀ (+ b) for 1 <= T <= 64 tokens, W's kept blocks stored (nnz, bh, bw) in block-row order
+// y = x Wᵀ (+ b) for 1 <= T <= 32 tokens, W's kept blocks stored (nnz, bh, bw) in block-row order
 // (row_ptr, cols: int64). sm_90 and newer only (the copy engine's cp.async.bulk and mbarriers):
 // elsewhere grid_of() offers nothing and the Triton kernels take the call.
 #pragma once
@@ -18,8 +18,8 @@
 
 namespace opforge_block_sparse_decode {
 
-// The variants compiled: bh and bw of 32, 64 or 128, 8-token tiles 1, 2, 4 or 8.
-constexpr int kMaxTokens = 64;
+// The variants compiled: bh and bw of 32, 64 or 128, 8-token tiles 1, 2 or 4.
+constexpr int kMaxTokens = 32;
 
 // The launch arguments: the tensors' data and the geometry.
 struct Args {

@@ -9,20 +9,20 @@
 //   flight are bounded by shared memory, not registers. bh / 16 consumer warps each take a 16-row
 //   strip of every block, so a block is read from HBM once.
 // * A slot holds its block and x's slices at the block's column: one copy of the (bw, T) box of x
-//   through a tensor map (launch() makes it each call). A copy a token, as first written, ran at
-//   up to 3.6x the Triton kernels' time at T=64 on the H200: the copy engine takes small copies one
-//   at a time (docs/benchmarks.md, issue 35, twenty-second session). The blocks' columns come to
-//   the producer 32 at a time across its lanes, the next 32 on their way. So a consumer loads
-//   nothing from global memory in its loop: it waits for its slot and multiplies. Under a saturated HBM one trip to memory costs microseconds, the whole kernel's
-//   budget; with x loaded by the consumers, three blocks ahead in registers, the kernel ran 0.2-1.3
-//   µs a layer slower on the H100 at d <= 0.25 (docs/benchmarks.md, issue 35, twenty-first session).
+//   through a tensor map (launch() makes it each call), where a copy a token cost the producer warp
+//   a copy engine request each (docs/benchmarks.md, issue 35, twenty-second session). The blocks'
+//   columns come to the producer 32 at a time across its lanes, the next 32 on their way. So a
+//   consumer loads nothing from global memory in its loop: it waits for its slot and multiplies.
+//   Under a saturated HBM one trip to memory costs microseconds, the whole kernel's budget; with x
+//   loaded by the consumers, three blocks ahead in registers, the kernel ran 0.2-1.3 µs a layer
+//   slower on the H100 at d <= 0.25 (docs/benchmarks.md, issue 35, twenty-first session).
 // * The block's row is found once a CTA (consumer warp 0, shared through shared memory), and a row's
 //   owner loads the earlier CTAs' partial sums four slots at a time.
 // * The CTA walks its share backwards, from its last block to its first. A row cut at the share's
 //   end (it goes on into the next CTA) comes first: its fp32 partial sums go to the CTA's slot,
 //   counted in with a release add, long before the CTA holding the row's last block, which walks
-//   that part last, needs them. That CTA adds the slots to its own sums (lower CTAs first, in
-//   order: the same result whoever finished first): one trip to memory at the end of its
+//   that part last, needs them. That CTA sums the slots (lower CTAs first, in order: the same
+//   result whoever finished first) and its own registers: one trip to memory at the end of its
 //   walk, not a chain. It waits only on CTAs of lower index, which never wait on it: no deadlock.
 //   Each (row, strip) count goes back to zero for the next launch.
 // * Empty block-rows (no blocks, so in no share) get the bias, or zeros, from every warp at the end.
@@ -105,21 +105,19 @@ __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, in
       } else {  // rs < lo, re <= hi: the row's last block is here; the CTAs before came in earlier
         const int c0 = rs / a.chunk;
         wait_count(a, unit, c - c0, lane);
-        // the slots of CTAs c0 .. c - 1 added to this CTA's sums in CTA order (the same result
-        // whoever finished first), AT loads in flight at a time (fewer for wide tiles: registers)
-        constexpr int AT = NT >= 8 ? 2 : 4;
+        // the slots of CTAs c0 .. c - 1, four loads in flight at a time, added in CTA order
         float sum[NT][4] = {};
-        for (int w0 = c0; w0 < c; w0 += AT) {
-          float4 p[AT][NT];
+        for (int w0 = c0; w0 < c; w0 += 4) {
+          float4 p[4][NT];
 #pragma unroll
-          for (int j = 0; j < AT; ++j)
+          for (int j = 0; j < 4; ++j)
             if (w0 + j < c) {
               const float4* part = slot_of<NT>(a, (w0 + j) * MT + m);
 #pragma unroll
               for (int i = 0; i < NT; ++i) p[j][i] = __ldcg(part + i * 32 + lane);
             }
 #pragma unroll
-          for (int j = 0; j < AT; ++j)
+          for (int j = 0; j < 4; ++j)
             if (w0 + j < c)
 #pragma unroll
               for (int i = 0; i < NT; ++i) {
@@ -234,7 +232,7 @@ __global__ void __launch_bounds__(32 * (MT + 1))
 #endif
 }
 
-// The variants of a dtype: nt (8-token tiles) 1, 2, 4, 8; kq = bw / 32 and mt = bh / 16 of 1, 2, 4 and 2, 4, 8.
+// The variants of a dtype: nt (8-token tiles) 1, 2, 4; kq = bw / 32 and mt = bh / 16 of 1, 2, 4 and 2, 4, 8.
 template <bool BF16, int NT, int KQ>
 Kernel pick_mt(int mt) {
   switch (mt) {
@@ -261,7 +259,6 @@ Kernel kernel_table(int nt, int kq, int mt) {
     case 1: return pick_kq<BF16, 1>(kq, mt);
     case 2: return pick_kq<BF16, 2>(kq, mt);
     case 4: return pick_kq<BF16, 4>(kq, mt);
-    case 8: return pick_kq<BF16, 8>(kq, mt);
     default: return nullptr;
   }
 }
