@@ -35,7 +35,7 @@ from .triton_sizing import bucket, depth, split_counts
 MAX_TOKENS = 32
 """The most tokens the compiled variants take (8-token tiles 1, 2, 4). A tile of 64 tokens (8 x 8) ran
 at 1.6-1.8x the Triton kernels' time on the H100 when each consumer warp loaded the whole x tile a block
-from global memory (docs/benchmarks.md, issue 35, thirteenth session), and still at 1.1-1.4x on the
+from global memory (docs/benchmarks.md, issue 35, thirteenth session), and still at 1.07-1.35x on the
 H200 with x through the ring in one copy a block (twenty-second session): each of the four consumer
 warps reads all of x's 8 KB from shared memory for its mma.sync, where the Triton kernels' wgmma reads
 it once."""
