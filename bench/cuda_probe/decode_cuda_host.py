@@ -1,6 +1,7 @@
 """Probe: the host's µs per call and the GPU's µs per call back to back of a decode layer, through
-``BlockSparseLinear`` with the decode route as in use, with the route held to the CUDA decode kernel,
-and ``F.linear`` on the dense weight (the peer), all in one run. Host: loops of 20 calls started on an
+``BlockSparseLinear`` with the decode route as in use, with the route held to the CUDA decode kernel
+(replayed from C++ by its recipe, and launched through its op with the recipe taken away: the
+twenty-second session's path), and ``F.linear`` on the dense weight (the peer), all in one run. Host: loops of 20 calls started on an
 idle GPU, no sync inside (``opforge.bench.timing.loops``), the median of 7. Back to back: 200 calls
 between two CUDA events over 16 rotated layers, so each call reads its weight from HBM.
 
@@ -48,7 +49,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--json")
     args = ap.parse_args()
-    from opforge.kernels.block_sparse import triton_impl
+    from opforge.kernels.block_sparse import cuda_decode, triton_impl
     from opforge.kernels.block_sparse.layout import BlockSparseLayout
     from opforge.nn import BlockSparseLinear
 
@@ -70,21 +71,24 @@ def main() -> None:
                     mods = [BlockSparseLinear(k_in, n_out, bias=False, device=dev, dtype=dt, layout=BlockSparseLayout.random(
                         n_out, k_in, d, (64, 64), generator=g)).requires_grad_(False) for _ in range(args.layers)]
                     got = {}
-                    for label, use in (("routed", names), ("cuda", ("cuda",))):
+                    recipe = cuda_decode.KERNEL.recipe
+                    for label, use in (("routed", names), ("cuda", ("cuda",)), ("cuda_op", ("cuda",))):
+                        cuda_decode.KERNEL.recipe = None if label == "cuda_op" else recipe  # its plans: no recipe
                         route.names = use
                         route.forget()
                         triton_impl.forget_plans()
                         mods[0](x)  # planned and tuned before the clock
                         got[label] = {"host_us": host_us(lambda: mods[0](x)),  # noqa: B023
                                       "b2b_us": b2b_us([lambda m=m: m(x) for m in mods])}  # noqa: B023
-                    route.names = names
+                    route.names, cuda_decode.KERNEL.recipe = names, recipe
                     route.forget()
                     triton_impl.forget_plans()
                     out.append(row | {"density": d} | got)
                     print(f"{k_in}->{n_out} T={t} d={d}: host / b2b µs: dense {row['dense']['host_us']:.1f} / "
                           f"{row['dense']['b2b_us']:.1f}, routed {got['routed']['host_us']:.1f} / "
                           f"{got['routed']['b2b_us']:.1f}, CUDA kernel {got['cuda']['host_us']:.1f} / "
-                          f"{got['cuda']['b2b_us']:.1f}", flush=True)
+                          f"{got['cuda']['b2b_us']:.1f}, through its op {got['cuda_op']['host_us']:.1f} / "
+                          f"{got['cuda_op']['b2b_us']:.1f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": out}, f, indent=1)

@@ -7,6 +7,8 @@ in opforge's cache (``tuning.py``), timed the way ``triton.autotune`` times, unt
 graph capture or with ``OPFORGE_TRITON_TUNING=off``. Its fingerprint names the op's sources
 (their bytes, not their paths) instead of a Triton function's, so an edited kernel is tuned again.
 A ``Route`` takes it as a candidate like any ``TunedKernel`` (its ``OpPlan`` launches the choice).
+An op whose extension can describe its launch gives ``recipe``, and its plans are replayed from C++
+as a Triton kernel's are (``native_launch``).
 """
 
 from __future__ import annotations
@@ -24,15 +26,16 @@ from .tuning import TuningStore, fingerprint
 class TunedOp(TunedKernel):
     """``configs`` (dicts of the same names, in the op's trailing argument order) for ``op``, a
     callable taking the launch's leading arguments then a config's values; ``sources``: the files
-    whose bytes the choices depend on."""
+    whose bytes the choices depend on; ``recipe(choice, prefix, inputs, outputs)``: the native_launch
+    recipe of the launch just made with ``prefix`` (``recipe_of_function``), or why there is none."""
 
     def __init__(self, family: str, name: str, op: Callable[[], Callable], configs: Sequence[dict],
-                 sources: Callable[[], Sequence[str]]):
+                 sources: Callable[[], Sequence[str]], recipe: Callable | None = None):
         names = tuple(configs[0])
         if any(tuple(c) != names for c in configs):
             raise ValueError(f"{name}: every config must set {names}, in that order")
         self.family, self.name, self.fn = family, name, None
-        self._op, self._sources, self._digest = op, sources, None
+        self._op, self._sources, self._digest, self.recipe = op, sources, None, recipe
         self._resolved = None  # the op, once ``op()`` gave it (a loaded extension stays loaded)
         self._setup([Choice(i, dict(c), tuple(c.values()), 0, 0) for i, c in enumerate(configs)], None)
 
@@ -76,17 +79,21 @@ class TunedOp(TunedKernel):
 class OpPlan:
     """A call shape's launch of a ``TunedOp``, in the place of a ``triton_launch.Plan``: ``plan(prefix,
     device)`` runs the chosen config on this call's leading arguments; ``kernel``, ``choice`` and
-    ``facts`` as a Plan's. ``native`` (never empty) says why a ``NativeTable`` doesn't replay it, so
-    the caller never asks for the compiled kernel, grid and tail a Plan has."""
+    ``facts`` as a Plan's. ``native`` says why a ``NativeTable`` doesn't replay it (empty while it
+    may: ``recipe``)."""
 
     __slots__ = ("kernel", "choice", "facts", "native")
 
     def __init__(self, kernel: TunedOp, choice: Choice, facts):
         self.kernel, self.choice, self.facts = kernel, choice, facts
-        self.native = "an extension's op, not a Triton kernel: launched from Python"
+        self.native = "" if kernel.recipe else "an op whose launch has no recipe: launched from Python"
 
     def __call__(self, prefix: tuple, device: int) -> None:
         self.kernel.launch(self.choice, None, prefix, device)
+
+    def recipe(self, prefix: tuple, inputs: tuple, outputs: list):
+        """The native_launch recipe of the launch just made with ``prefix`` (the op's ``recipe``)."""
+        return self.kernel.recipe(self.choice, prefix, inputs, outputs)
 
 
 __all__ = ["OpPlan", "TunedOp"]

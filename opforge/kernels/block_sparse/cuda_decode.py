@@ -15,6 +15,12 @@ rows cut between CTAs are summed with one trip to memory (``csrc/decode_cuda_ker
   once, and the route goes on without it.
 * **Chosen** by ``DECODE_ROUTE`` against the Triton kernels, its config (ring depth, CTAs an SM)
   tuned first, both kept in opforge's cache (``tuned_op.TunedOp``).
+* **Replayed from C++** as the Triton kernels are: after a call shape's first launch through the op,
+  its recipe (``recipe``: the op's ``describe`` gives the function, grid and shared memory) goes into
+  the forward's native table, and later calls of that shape launch with no Python and no op dispatch
+  between the C++ autograd node and the driver (``kernels/native_launch``). Launched through the op,
+  a call cost the host 41-51 µs at T=32 on the H200, more than dense ``F.linear``'s 27 µs
+  (docs/benchmarks.md, issue 35, twenty-second session).
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ from ... import settings
 from ...extension import CudaExtension
 from ...notices import warn_once
 from ...process import forgets
+from ..native_launch.recipe import Int, Map, Recipe, Struct, recipe_of_function
 from ..tuned_op import OpPlan, TunedOp
-from .triton_sizing import bucket, depth, split_counts
+from .triton_sizing import bucket, depth, split_counts, split_partials
 
 MAX_TOKENS = 32
 """The most tokens the compiled variants take (8-token tiles 1, 2, 4). A tile of 64 tokens (8 x 8) ran
@@ -108,7 +115,25 @@ def _sources() -> list[str]:
                                                                                   "opforge_stable.h")]
 
 
-KERNEL = TunedOp("block_sparse_triton", "decode_cuda", _op_forward, CONFIGS, _sources)
+def recipe(choice, prefix: tuple, inputs: tuple, outputs: list) -> Recipe | str:
+    """The native_launch recipe of the op's launch with ``prefix`` (``_fwd_prefix``'s: x, w, b or None,
+    y, cols, row_ptr, counts, chunk) and ``choice``: the kernel's parameters are ``Args``'s fields (the
+    partial-sum slots and the counts held: ``split_partials``, where the op allocates its slots each
+    call), the ring's slots and x's tensor map (``csrc/decode_cuda.h``)."""
+    x, w, b, y, cols, row_ptr, counts, chunk = prefix
+    stages, ctas, overlap = choice.values
+    function, grid, threads, shared, share, slots = ops().describe.default(x, w, chunk, stages, ctas)
+    part = split_partials(x.device.index, slots)
+    tokens, k_in = x.shape
+    nnz, bh, bw = w.shape
+    n_out = y.shape[1]
+    args = Struct((x, w, b, y, cols, row_ptr, part, counts, Int(tokens), Int(k_in), Int(n_out), Int(bh), Int(n_out // bh),
+                   Int(nnz), Int(share)))
+    return recipe_of_function(function, (grid,), threads, shared, overlap,
+                              (args, Int(stages), Map(x if tokens > 1 else None, (tokens, bw))), inputs, outputs)
+
+
+KERNEL = TunedOp("block_sparse_triton", "decode_cuda", _op_forward, CONFIGS, _sources, recipe)
 """The op and its configs, chosen per size class (the Triton kernels' family in the cache)."""
 
 _CAPABLE: dict[int, bool] = {}
@@ -156,4 +181,5 @@ def plan(x, w, bias, y, cols, row_ptr, out_features: int, kind: str, stand_ins=N
     return OpPlan(KERNEL, choice, (kind, bias is not None, units))
 
 
-__all__ = ["CONFIGS", "KERNEL", "MAX_TOKENS", "SIDES", "BlockSparseDecodeCuda", "capable", "offered", "ops", "plan"]
+__all__ = ["CONFIGS", "KERNEL", "MAX_TOKENS", "SIDES", "BlockSparseDecodeCuda", "capable", "offered", "ops", "plan",
+           "recipe"]

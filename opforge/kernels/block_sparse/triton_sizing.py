@@ -108,6 +108,7 @@ def dw_fits(c, bh: int, bw: int, g: int, size: int) -> bool:
 
 _COUNTS: dict = {}
 _SLOTS: dict = {}
+_PARTIALS: dict = {}
 _OLD_BUFFERS: list = []
 
 SLOT_EMPTY = -1
@@ -133,6 +134,15 @@ def split_slots(device: int, needed: int) -> torch.Tensor:
     shared as ``split_counts``'s counts are, since each launch leaves every slot it filled empty again
     (the program that reads a slot empties it)."""
     return _stream_buffer(_SLOTS, device, needed, SLOT_EMPTY)
+
+
+def split_partials(device: int, needed: int) -> torch.Tensor:
+    """The CUDA decode kernel's partial sums, when its launch is replayed from C++ (``cuda_decode.recipe``):
+    a slot a (CTA, strip), written and read within one launch (the counts say when a slot is full), so
+    kept and shared as ``split_counts``'s counts are, not allocated each call. int32 elements (fp32 bits
+    to the kernel). A launch as a programmatic dependent touches no slot before the launch before it
+    on the stream is done (``griddepcontrol.wait``)."""
+    return _stream_buffer(_PARTIALS, device, needed, 0)
 
 
 def _stream_buffer(store: dict, device: int, needed: int, fill: int) -> torch.Tensor:

@@ -11,6 +11,12 @@ then the global and profile scratch pointers, null since the kernel needs none. 
 with ``launch_pdl`` is launched as triton's launcher does it, as a programmatic dependent. A kernel
 or launch this doesn't cover (scratch memory, clusters, cooperative grids, float arguments, another
 triton) gets the reason instead, and stays on the Python path.
+
+``recipe_of_function(function, grid, threads, shared, dependent, params, inputs, outputs)`` does the
+same for a CUDA C++ kernel, whose extension knows its function and launch (the block-sparse CUDA
+decode kernel's ``describe`` op): ``params`` lists its parameters, a tensor for its data pointer,
+None for a null pointer, ``Int`` for an integer, ``Struct`` for a struct passed by value and
+``Map`` for a ``__grid_constant__ CUtensorMap``.
 """
 
 from __future__ import annotations
@@ -32,6 +38,103 @@ class Recipe(NamedTuple):
     held: list
 
 
+class Int(NamedTuple):
+    """An integer parameter of ``width`` bytes."""
+
+    value: int
+    width: int = 4
+
+
+class Struct(NamedTuple):
+    """A struct parameter passed by value: its fields in order, tensors (pointers), None (null) or
+    ``Int``, laid out as C lays them out."""
+
+    fields: tuple
+
+
+class Map(NamedTuple):
+    """A ``CUtensorMap`` parameter: ``tensor`` (float16, bfloat16 or float32) by its sizes and strides,
+    read in boxes of ``box`` (outermost first), no swizzle; None: 128 zero bytes (unread)."""
+
+    tensor: torch.Tensor | None
+    box: tuple
+
+
+MAP_TYPES = {torch.float16: 6, torch.float32: 7, torch.bfloat16: 9}
+"""``CUtensorMapDataType``'s values (cuda.h)."""
+
+
+class _Sources:
+    """Where a recipe's pointer slots take their tensors from: the op's inputs (t0..t5), its outputs
+    (``(tensor, returned)``, allocated per call), or else tensors the recipe holds."""
+
+    def __init__(self, inputs: tuple, outputs: list):
+        self.inputs, self.outputs, self.held = inputs, outputs, []
+
+    def __call__(self, t) -> int:
+        for k, a in enumerate(self.inputs):
+            if a is t:
+                return k
+        for j, (o, _) in enumerate(self.outputs):
+            if o is t:
+                return reference.OUT0 + j
+        for h, a in enumerate(self.held):
+            if a is t:
+                return reference.HELD0 + h
+        self.held.append(t)
+        return reference.HELD0 + len(self.held) - 1
+
+    def finish(self, launch: list, program: list) -> Recipe | str:
+        if len(self.held) > 16:
+            return f"{len(self.held)} held tensors; at most 16"
+        outs = []
+        for o, returned in self.outputs:
+            outs += [reference.dtype_code(o.dtype), int(bool(returned)), o.dim(), *o.shape]
+        return Recipe(launch, outs, program, self.held)
+
+
+def recipe_of_function(function: int, grid: tuple, threads: int, shared: int, dependent: bool, params,
+                       inputs: tuple, outputs: list) -> Recipe | str:
+    """The recipe of launching a CUDA C++ kernel (``function``: its ``CUfunction``) over ``grid`` with
+    ``threads`` a block (a whole number of warps) and ``shared`` dynamic bytes, as a programmatic
+    dependent or not, with ``params``; its tensors among ``inputs`` and ``outputs`` as ``recipe_of``'s,
+    or else held. Or why there is none."""
+    if not function or threads <= 0 or threads % 32:
+        return f"no function ({function}) or {threads} threads, not whole warps"
+    src = _Sources(inputs, outputs)
+
+    def scalar(a) -> list | str:
+        if isinstance(a, torch.Tensor):
+            return [reference.PTR, src(a)]
+        if a is None:
+            return [reference.INT, 8, 0]
+        if type(a) is Int and a.width in (1, 2, 4, 8):
+            return [reference.INT, a.width, int(a.value)]
+        return f"a parameter given {type(a).__name__}"
+
+    program: list = []
+    for a in params:
+        if type(a) is Struct:
+            fields = [scalar(f) for f in a.fields]
+            bad = next((f for f in fields if isinstance(f, str)), None)
+            if bad or not fields:
+                return f"a struct's field: {bad or 'none'}"
+            program += [reference.STRUCT, len(fields)] + [v for f in fields for v in f]
+        elif type(a) is Map:
+            if a.tensor is not None and a.tensor.dtype not in MAP_TYPES:
+                return f"a tensor map of {a.tensor.dtype}"
+            t = a.tensor
+            program += [reference.MAP, -1 if t is None else src(t), 0, 0 if t is None else t.element_size(),
+                        0 if t is None else MAP_TYPES[t.dtype], len(a.box), *a.box]
+        else:
+            got = scalar(a)
+            if isinstance(got, str):
+                return got
+            program += got
+    g = (*grid, 1, 1)[:3]
+    return src.finish([int(function), *g, threads // 32, int(shared), int(bool(dependent))], program)
+
+
 def recipe_of(compiled, grid: tuple, args: tuple, inputs: tuple, outputs: list, to_host=None) -> Recipe | str:
     """The recipe of launching ``compiled`` over ``grid`` with ``args``, whose tensors are among
     ``inputs`` (the op's t0..t5), ``outputs`` (``(tensor, returned)``, allocated per call) or
@@ -51,21 +154,8 @@ def recipe_of(compiled, grid: tuple, args: tuple, inputs: tuple, outputs: list, 
     if len(signature) != len(args):
         return f"{len(signature)} parameters but {len(args)} arguments"
     descs = list(getattr(meta, "tensordesc_meta", None) or ())
-    held: list = []
+    src = _Sources(inputs, outputs)
     program: list = []
-
-    def src(t) -> int:
-        for k, a in enumerate(inputs):
-            if a is t:
-                return k
-        for j, (o, _) in enumerate(outputs):
-            if o is t:
-                return reference.OUT0 + j
-        for h, a in enumerate(held):
-            if a is t:
-                return reference.HELD0 + h
-        held.append(t)
-        return reference.HELD0 + len(held) - 1
 
     for ty, a in zip(signature, args):
         if ty == "constexpr":
@@ -92,11 +182,6 @@ def recipe_of(compiled, grid: tuple, args: tuple, inputs: tuple, outputs: list, 
         else:
             return f"a parameter of type {ty}"
     program += [reference.INT, 8, 0, reference.INT, 8, 0]  # the global and profile scratch: none
-    if len(held) > 16:
-        return f"{len(held)} held tensors; at most 16"
-    outs = []
-    for o, returned in outputs:
-        outs += [reference.dtype_code(o.dtype), int(bool(returned)), o.dim(), *o.shape]
     g = (*grid, 1, 1)[:3]
     dependent = int(bool(getattr(launcher, "launch_pdl", False)))  # a programmatic dependent (launch_pdl)
-    return Recipe([function, *g, int(meta.num_warps), int(meta.shared), dependent], outs, program, held)
+    return src.finish([function, *g, int(meta.num_warps), int(meta.shared), dependent], program)

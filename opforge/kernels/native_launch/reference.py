@@ -8,7 +8,7 @@ A *recipe* launches one call shape (the C++ file's header has the encoding):
   its launch; ``[]`` when no recipe has this key (here: always, as this variant launches
   nothing, so the caller's Python path takes every call);
 * ``pack(...) -> [params, launch, *outputs]``: a dry run, the parameter bytes the launch would
-  pass (each at its alignment; a TMA slot holds its encoding's inputs), the launch's
+  pass (each at its alignment; a TMA or map slot holds its encoding's inputs), the launch's
   ``[function, gx, gy, gz, warps, shared]`` and the allocated outputs; ``[]`` on a miss;
 * ``forget()`` drops every recipe; ``stats() -> [recipes, hits, misses]``.
 
@@ -21,7 +21,7 @@ import struct
 
 import torch
 
-PTR, INT, TMA = 0, 1, 3
+PTR, INT, TMA, MAP, STRUCT = 0, 1, 3, 4, 5
 INPUTS, OUT0, HELD0 = 6, 16, 32
 MAP_BYTES, MAX_RECIPES = 128, 4096
 _CODES = {torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.float16: 5,
@@ -78,6 +78,20 @@ class _Recipe:
                 nd = program[i + 6]
                 self.slots.append((TMA, *program[i + 1:i + 6], tuple(program[i + 7:i + 7 + nd])))
                 i += 7 + nd
+            elif kind == STRUCT:  # (STRUCT, fields, alignment: its widest field's)
+                n, j, align = program[i + 1], i + 2, 1
+                for f in range(n):
+                    if j >= len(program) or program[j] not in (PTR, INT):
+                        raise RuntimeError(f"native_launch.define: field {f} of the struct at {i} is not a pointer "
+                                           f"or an integer slot")
+                    align = max(align, 8 if program[j] == PTR else program[j + 1])
+                    j += 2 if program[j] == PTR else 3
+                self.slots.append((STRUCT, n, align))
+                i += 2
+            elif kind == MAP:
+                nd = program[i + 5]
+                self.slots.append((MAP, *program[i + 1:i + 5], tuple(program[i + 6:i + 6 + nd])))
+                i += 6 + nd
             else:
                 raise RuntimeError(f"native_launch.define: a bad slot (kind {kind}) at {i}")
 
@@ -113,23 +127,44 @@ def pack(table, t0, t1, t2, t3, t4, t5, s0, s1) -> list:
         buf.extend(b"\0" * (-len(buf) % align))
         buf.extend(data)
 
+    fields = [0, 1]  # of the struct being packed: (fields left, its alignment)
     for slot in r.slots:
+        if slot[0] == STRUCT:
+            put(b"", slot[2])
+            fields[:] = slot[1], slot[2]
+            continue
         if slot[0] == PTR:
             put(struct.pack("<Q", src[slot[1]].data_ptr()), 8)
         elif slot[0] == INT:
             width, value = slot[1], slot[2]
             put((value & ((1 << (8 * width)) - 1)).to_bytes(width, "little"), width)
+        elif slot[0] == MAP:
+            _, s, swizzle, elem_size, elem_type, box = slot
+            if s < 0:  # a map the kernel doesn't read: zeros
+                put(bytes(MAP_BYTES), 128)
+            else:
+                put(_map(src[s], 0, swizzle, elem_size, elem_type, box), 128)
         else:
             _, s, rows, swizzle, elem_size, elem_type, box = slot
+            put(_map(src[s], rows, swizzle, elem_size, elem_type, box), 128)
             dims, strides = tma_dims(src[s], rows, len(box))
-            put(struct.pack(f"<{MAP_BYTES // 8}Q", *_padded(encoding_inputs(src[s].data_ptr(), swizzle, elem_size,
-                                                                            elem_type, dims, strides, box))), 128)
             for d in dims:
                 put(struct.pack("<i", d), 4)
             for st in strides:
                 put(struct.pack("<q", st), 8)
+        if fields[0]:
+            fields[0] -= 1
+            if not fields[0]:
+                put(b"", fields[1])  # C's tail padding
     params = torch.tensor(list(buf), dtype=torch.uint8, device=t0.device)
     return [params, torch.tensor(r.launch, dtype=torch.int64, device=t0.device), *outs]
+
+
+def _map(t: torch.Tensor, rows: int, swizzle, elem_size, elem_type, box) -> bytes:
+    """A TMA or map slot's bytes in a dry run: its encoding's inputs."""
+    dims, strides = tma_dims(t, rows, len(box))
+    return struct.pack(f"<{MAP_BYTES // 8}Q", *_padded(encoding_inputs(t.data_ptr(), swizzle, elem_size, elem_type,
+                                                                       dims, strides, box)))
 
 
 def tma_dims(t: torch.Tensor, rows: int, nd: int) -> tuple[list, list]:

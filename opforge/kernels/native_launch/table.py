@@ -5,7 +5,7 @@ plans its launches (``kernels/block_sparse/triton_impl.py``).
     got = table.call(x, w, bias, cols, row_ptr, out_features, flag) if table.call else None
     if got: return got[0]                   # launched from C++
     ... plan and launch in Python ...
-    table.define(plan.compiled, plan.grid, args, inputs, scalars, outputs)
+    table.define(recipe_of(plan.compiled, plan.grid, args, inputs, outputs), inputs, scalars)
 
 ``call`` is None until a recipe has been defined, and stays None where the C++ variant can't be
 had (no compiler, ``OPFORGE_NATIVE_LAUNCH=0``, a failed build): ``reason`` says why, ``wanted``
@@ -21,7 +21,7 @@ import itertools
 import threading
 
 from ... import settings
-from .recipe import recipe_of
+from .recipe import Recipe
 
 _IDS = itertools.count(1)
 _LOCK = threading.Lock()
@@ -74,14 +74,14 @@ class NativeTable:
         self.defined = 0
         self.wanted = True  # False once the C++ variant turned out not to be had: stop asking
 
-    def define(self, compiled, grid: tuple, args: tuple, inputs: tuple, scalars: tuple, outputs: list) -> bool:
-        """Define the recipe of this launch (``recipe_of``) under the key of ``inputs`` (six
-        tensors or None) and ``scalars`` (two ints); True if it was."""
+    def define(self, recipe: Recipe | str, inputs: tuple, scalars: tuple) -> bool:
+        """Define ``recipe`` (``recipe_of`` or ``recipe_of_function`` of a launch just made; a string:
+        why it has none) under the key of ``inputs`` (six tensors or None) and ``scalars`` (two
+        ints); True if it was."""
         ops, why = native_ops()
         if ops is None:
             self.reason, self.wanted = why, False
             return False
-        recipe = recipe_of(compiled, grid, args, inputs, outputs)
         if isinstance(recipe, str):
             self.reason = recipe
             return False

@@ -22,6 +22,7 @@ from block_sparse_cases import case, close
 import opforge.ops  # noqa: F401
 from opforge.kernels.block_sparse import cuda_decode, triton_decode, triton_impl, triton_sizing
 from opforge.kernels.block_sparse.layout import BlockSparseLayout
+from opforge.kernels.native_launch.table import native_ops
 from opforge.ops import block_sparse_linear
 
 pytestmark = pytest.mark.cuda
@@ -298,6 +299,48 @@ def test_the_route_runs_the_cuda_kernel_when_it_comes_first(monkeypatch):
         lay, w, x, b, ref = case(ragged(6), (64, 64), 2, torch.float16)
         close(block_sparse_linear(x, w, b, lay), ref, torch.float16)
         assert launched, "the CUDA kernel was not launched"
+    finally:
+        triton_impl.forget_plans()
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("block", [(32, 32), (64, 64), (128, 64), (32, 128)], ids=lambda b: f"{b[0]}x{b[1]}")
+@pytest.mark.parametrize("tokens", [1, 2, 17, 32])
+def test_the_cuda_kernel_replays_from_cpp_bit_for_bit(tokens, block, dtype, monkeypatch):
+    """After a call shape's first launch through the op, its recipe is defined (``cuda_decode.recipe``:
+    Args as a struct, x's tensor map, the partial slots and the counts held), and later
+    calls launch from C++ (a native hit each) with the op's results bit for bit, on this call's
+    tensors: another x (a new tensor map), a bias or none, empty rows and a full one."""
+    ops, why = native_ops()
+    assert ops is not None, why
+    names = triton_impl.DECODE_ROUTE.names
+    monkeypatch.setattr(triton_impl.DECODE_ROUTE, "names", ("cuda", *(n for n in names if n != "cuda")))
+    triton_impl.forget_plans()
+    table = triton_impl._NATIVE_FWD
+    try:
+        for bias in (True, False):
+            lay, w, x, b, ref = case(ragged(6), block, tokens, dtype, bias)
+            idx = lay.indices("cuda")
+
+            def fwd(xx, w=w, b=b, idx=idx, n_out=lay.shape[0]):
+                return triton_impl.forward(xx, w, b, idx.rows, idx.cols, idx.row_ptr, n_out)
+            defined = table.defined
+            first = fwd(x)  # planned, launched through the op, its recipe defined
+            plans = [p for p in triton_impl._FWD.values() if getattr(p, "facts", ("",))[0] == "cuda"]
+            assert plans and not plans[-1].native and table.defined == defined + 1, plans[-1].native
+            before = ops.stats()[1]
+            second = fwd(x)
+            assert ops.stats()[1] == before + 1, "replayed from C++"
+            assert torch.equal(second, first)
+            close(second, ref, dtype)
+            x2 = torch.randn_like(x)
+            saved, table.call = table.call, None
+            try:
+                want = fwd(x2)  # through the op
+            finally:
+                table.call = saved
+            assert torch.equal(fwd(x2), want)
     finally:
         triton_impl.forget_plans()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 import types
 import warnings
 
@@ -114,7 +115,7 @@ def test_the_plan_calls_the_op_as_the_cpp_side_registers_it(fresh, monkeypatch):
     y, cols, row_ptr = torch.empty(3, 384, dtype=torch.bfloat16), torch.zeros(5, dtype=torch.long), torch.zeros(7, dtype=torch.long)
     try:
         plan = cuda_decode.plan(x, w, None, y, cols, row_ptr, 384, triton_plans._CUDA)
-        assert plan.facts == (triton_plans._CUDA, False, 6 * 4) and plan.native
+        assert plan.facts == (triton_plans._CUDA, False, 6 * 4) and not plan.native  # its launch has a recipe
         plan(triton_plans._fwd_prefix(plan.facts, x, w, w, y, cols, row_ptr), None)  # w stands in for no bias
     finally:
         cuda_decode.KERNEL.forget()
@@ -149,3 +150,62 @@ def test_the_triton_decode_kernels_overlap_where_the_gpu_and_the_setting_allow(c
     finally:
         monkeypatch.undo()
         opforge.reset()
+
+
+def args_fields() -> list[str]:
+    """``Args``'s fields, in order, as ``csrc/decode_cuda.h`` declares them."""
+    src = open(os.path.join(os.path.dirname(cuda_decode.__file__), "csrc", "decode_cuda.h"), encoding="utf-8").read()
+    body = src[src.index("struct Args {") + len("struct Args {"):]
+    body = re.sub(r"//[^\n]*", "", body[:body.index("};")])
+    names = []
+    for decl in filter(None, (d.strip() for d in body.split(";"))):
+        first, *rest = decl.split(",")
+        names += [first.split()[-1].lstrip("*"), *(n.strip() for n in rest)]
+    return names
+
+
+def test_the_recipe_packs_the_parameters_as_the_kernel_declares_them(fresh, monkeypatch):
+    """Without a GPU: ``cuda_decode.recipe`` (the launch replayed from C++) gives the kernel ``Args``'s
+    fields in the header's order (a struct by value: 8 pointers and 7 ints, 96 bytes), then the ring's
+    slots and x's tensor map, packed (the Python contract of native_launch) at the offsets the kernel
+    reads them from; the partial slots (a kept buffer of describe's size) and the counts held."""
+    from opforge.kernels.native_launch import reference
+    from opforge.kernels.native_launch.recipe import MAP_TYPES
+
+    assert args_fields() == ["x", "w", "b", "y", "cols", "row_ptr", "part", "counts", "tokens", "k_in", "n_out", "bh",
+                             "rows", "nnz", "chunk"]
+    described = []
+    fake = types.SimpleNamespace(describe=types.SimpleNamespace(
+        default=lambda *a: described.append(a) or [0xF00, 264, 160, 50000, 2, 264 * 4 * 1 * 128]))
+    monkeypatch.setattr(cuda_decode, "_OPS", [fake])
+    counts, part = torch.zeros(4096, dtype=torch.int32), torch.zeros(264 * 4 * 128, dtype=torch.int32)
+    sized = []
+    monkeypatch.setattr(cuda_decode, "split_partials", lambda device, n: sized.append(n) or part)
+    x, w = torch.randn(3, 256, dtype=torch.bfloat16), torch.randn(5, 64, 64, dtype=torch.bfloat16)
+    y, cols, row_ptr = torch.empty(3, 384, dtype=torch.bfloat16), torch.zeros(5, dtype=torch.long), torch.zeros(7, dtype=torch.long)
+    b = torch.randn(384, dtype=torch.bfloat16)
+    inputs = (x, w, b, cols, row_ptr, None)
+    choice = types.SimpleNamespace(values=(4, 3, 1))
+    for tokens, bias in ((3, b), (1, None)):
+        xt, yt = x[:tokens], y[:tokens]
+        ins = (xt, *inputs[1:])
+        r = cuda_decode.recipe(choice, (xt, w, bias, yt, cols, row_ptr, counts, 0), ins, [(yt, True)])
+        assert described[-1] == (xt, w, 0, 4, 3)
+        assert r.launch == [0xF00, 264, 1, 1, 5, 50000, 1]
+        assert r.outputs == [15, 1, 2, tokens, 384] and sized[-1] == 264 * 4 * 128  # y, then held slots of that size
+        assert r.held == [part, counts]
+        reference.define(31, *ins, 384, 0, r.launch, r.outputs, r.program, r.held)
+        params, _, y_out = reference.pack(31, *ins, 384, 0)
+        raw = bytes(params.tolist())
+        assert len(raw) == 256
+        ptrs = struct.unpack_from("<8Q", raw, 0)
+        assert ptrs == (xt.data_ptr(), w.data_ptr(), 0 if bias is None else b.data_ptr(), y_out.data_ptr(),
+                        cols.data_ptr(), row_ptr.data_ptr(), part.data_ptr(), counts.data_ptr())
+        assert struct.unpack_from("<7i4x", raw, 64) == (tokens, 256, 384, 64, 6, 5, 2)  # chunk: describe's share
+        assert struct.unpack_from("<i", raw, 96) == (4,)  # stages
+        tmap = struct.unpack_from("<10Q", raw, 128)
+        if tokens == 1:
+            assert tmap == (0,) * 10  # unread at one token
+        else:  # x (3, 256) by its sizes, box (64, 3) innermost first
+            assert tmap == (xt.data_ptr(), 0, 2, MAP_TYPES[torch.bfloat16], 256, 3, 512, 1536, 64, 3)
+        reference.forget()

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from opforge.kernels.native_launch import NativeLaunchLoader, NativeTable, reference, table
-from opforge.kernels.native_launch.recipe import recipe_of
+from opforge.kernels.native_launch.recipe import Int, Map, Struct, recipe_of, recipe_of_function
 from opforge.kernels.triton_tma import Described
 
 pytestmark = pytest.mark.skipif(not has_cxx(), reason="needs a C++ compiler")
@@ -80,23 +80,84 @@ def test_pack_matches_the_contract_for_every_kind_of_slot(ops):
     assert struct.unpack_from("<iiqq", raw, 256) == (4, 8, 8, 1)
 
 
+def test_a_struct_and_a_bare_map_are_packed_as_a_cuda_kernel_takes_them(ops):
+    """A CUDA C++ kernel's parameters (the block-sparse decode kernel's: a struct by value, an int, a
+    ``__grid_constant__ CUtensorMap``): the struct's fields at C's offsets and its tail padded to its
+    alignment, the map 128-aligned with no sizes or strides after it, and a map of -1 all zeros."""
+    x = torch.randn(4, 8, dtype=torch.bfloat16)
+    w = torch.randn(3, 2, 4)
+    counts = torch.zeros(5, dtype=torch.int32)
+    program = [reference.STRUCT, 5, reference.PTR, 0, reference.INT, 4, 7, reference.PTR, 32, reference.INT, 4, -3,
+               reference.INT, 8, 0,  # 0: 8, 8: int at 8, 16: held, 24: int, 32: a null pointer -> 40 bytes
+               reference.INT, 4, 6,  # at 40
+               reference.MAP, 0, 0, 2, 9, 2, 4, 8,  # x by its sizes, box (4, 8): at 128
+               reference.MAP, -1, 0, 2, 9, 1, 8,  # zeros: at 256
+               reference.STRUCT, 2, reference.INT, 2, 5, reference.INT, 1, 1,  # 2 bytes aligned: at 384, 4 bytes
+               reference.PTR, 1]  # at 392
+    args = (23, x, w, None, None, None, None, 0, 0, [7, 2, 1, 1, 4, 0], [], program, [counts])
+    got, want = _both(ops, args)
+    raw = bytes(got[0].tolist())
+    assert raw == bytes(want[0].tolist()) and len(raw) == 400
+    assert struct.unpack_from("<QiiQiiQ", raw, 0) == (x.data_ptr(), 7, 0, counts.data_ptr(), -3, 0, 0)
+    assert struct.unpack_from("<i", raw, 40) == (6,)
+    assert struct.unpack_from("<10Q", raw, 128) == (x.data_ptr(), 0, 2, 9, 8, 4, 16, 64, 8, 4)
+    assert raw[208:256] == bytes(48) and raw[256:384] == bytes(128)
+    assert struct.unpack_from("<hb5xQ", raw, 384) == (5, 1, w.data_ptr())
+    for define in (ops.define, reference.define):
+        with pytest.raises(RuntimeError, match="not a pointer or an integer"):
+            define(24, x, None, None, None, None, None, 0, 0, [7, 1, 1, 1, 1, 0], [],
+                   [reference.STRUCT, 2, reference.PTR, 0, reference.MAP, 0, 0, 2, 9, 1, 8], [])
+
+
+def test_a_cuda_kernels_recipe_lists_its_parameters():
+    """``recipe_of_function``: the launch from what the extension said, each parameter's slot."""
+    x, w, b = torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(3, 2, 8, dtype=torch.bfloat16), None
+    y = torch.zeros(4, 6, dtype=torch.bfloat16)
+    part, counts = torch.empty(12, device="meta"), torch.zeros(5, dtype=torch.int32)
+    params = (Struct((x, w, b, y, part, counts, Int(4), Int(7, 8))), Int(3), Map(x, (4, 8)), Map(None, (1, 8)))
+    r = recipe_of_function(0xABC, (66,), 160, 4096, True, params, (x, w, None, None, None, None),
+                           [(y, True), (part, False)])
+    assert r.launch == [0xABC, 66, 1, 1, 5, 4096, 1]
+    assert r.outputs == [15, 1, 2, 4, 6, 6, 0, 1, 12]
+    assert r.held == [counts]
+    assert r.program == [reference.STRUCT, 8, reference.PTR, 0, reference.PTR, 1, reference.INT, 8, 0,
+                         reference.PTR, 16, reference.PTR, 17, reference.PTR, 32, reference.INT, 4, 4,
+                         reference.INT, 8, 7, reference.INT, 4, 3, reference.MAP, 0, 0, 2, 9, 2, 4, 8,
+                         reference.MAP, -1, 0, 0, 0, 2, 1, 8]
+    assert "whole warps" in recipe_of_function(0xABC, (1,), 48, 0, False, (), (x,) * 6, [])
+    assert "given float" in recipe_of_function(0xABC, (1,), 32, 0, False, (1.5,), (x,) * 6, [])
+    assert "struct's field" in recipe_of_function(0xABC, (1,), 32, 0, False, (Struct((2,)),), (x,) * 6, [])
+    assert "tensor map of torch.int32" in recipe_of_function(0xABC, (1,), 32, 0, False, (Map(counts, (1,)),),
+                                                             (x,) * 6, [])
+
+
 @given(st.lists(st.one_of(
     st.tuples(st.just("ptr"), st.sampled_from([0, 1, 16, 32])),
     st.tuples(st.just("int"), st.sampled_from([1, 2, 4, 8]), st.integers(-(2**31), 2**31 - 1)),
     st.tuples(st.just("tma"), st.sampled_from([0, 1]), st.sampled_from([0, 4]), st.sampled_from([0, 1, 2, 3]),
-              st.sampled_from([1, 2, 4]), st.sampled_from([(1, 1), (2, 4), (4, 2)]))), min_size=0, max_size=12),
+              st.sampled_from([1, 2, 4]), st.sampled_from([(1, 1), (2, 4), (4, 2)])),
+    st.tuples(st.just("map"), st.sampled_from([-1, 0]), st.sampled_from([1, 2, 4]), st.sampled_from([(1, 1), (2, 4)])),
+    st.tuples(st.just("struct"), st.lists(st.one_of(
+        st.tuples(st.just("ptr"), st.sampled_from([0, 1, 16, 32])),
+        st.tuples(st.just("int"), st.sampled_from([1, 2, 4, 8]), st.integers(-(2**31), 2**31 - 1))),
+        min_size=1, max_size=5))), min_size=0, max_size=12),
        st.integers(1, 16), st.booleans())
 def test_pack_matches_the_contract_on_any_program(ops, slots, rows, offset):
     base = torch.randn(64)
     x = base[1:33].view(4, 8) if offset else base[:32].view(4, 8)  # x 4 bytes past 16 or not
     w = torch.randn(rows, 2, 2)
     program = []
+
+    def scalar(s):
+        return [reference.PTR, s[1]] if s[0] == "ptr" else [reference.INT, s[1], s[2]]
+
     for s in slots:
-        if s[0] == "ptr":
-            program += [reference.PTR, s[1]]
-        elif s[0] == "int":
-            width, v = s[1], s[2]
-            program += [reference.INT, width, v]
+        if s[0] in ("ptr", "int"):
+            program += scalar(s)
+        elif s[0] == "map":  # a bare map of x by its sizes (rank 2), or zeros
+            program += [reference.MAP, s[1], 0, s[2], 7, 2, *s[3]]
+        elif s[0] == "struct":
+            program += [reference.STRUCT, len(s[1])] + [v for f in s[1] for v in scalar(f)]
         else:
             src, rows_flag, swizzle, size, box = s[1:]
             r = (w.numel() // 2) if (src == 1 and rows_flag) else 0
@@ -247,7 +308,7 @@ def test_the_table_stays_in_python_when_native_launch_is_off(monkeypatch):
     monkeypatch.setenv("OPFORGE_NATIVE_LAUNCH", "0")
     monkeypatch.setattr(table, "_OPS", [])
     t = NativeTable("test.off")
-    assert t.define(None, (1,), (), (torch.zeros(1),) * 6, (0, 0), []) is False
+    assert t.define("not asked", (torch.zeros(1),) * 6, (0, 0)) is False
     assert t.call is None and "OPFORGE_NATIVE_LAUNCH=0" in t.reason
 
 
@@ -256,7 +317,7 @@ def test_the_table_stays_in_python_when_the_loader_settles_for_the_python_varian
     monkeypatch.setattr(NativeLaunchLoader, "load", lambda self, *a, **k: SimpleNamespace(
         backend="torch", name="native_launch_python", ops=reference))
     t = NativeTable("test.python")
-    assert t.define(None, (1,), (), (torch.zeros(1),) * 6, (0, 0), []) is False
+    assert t.define("not asked", (torch.zeros(1),) * 6, (0, 0)) is False
     assert t.call is None and "launches nothing" in t.reason
 
 
@@ -264,8 +325,9 @@ def test_the_table_binds_call_once_a_recipe_is_defined(ops, monkeypatch):
     monkeypatch.setattr(table, "_OPS", [ops, ""])
     t = NativeTable("test.bound")
     x, y = torch.zeros(2, 2), torch.zeros(2, 2)
-    assert t.define(_compiled({"x": "*fp32", "y": "*fp32"}), (1,), (x, y), (x, None, None, None, None, None), (3, 0),
-                    [(y, True)]) is True
+    inputs = (x, None, None, None, None, None)
+    assert t.define(recipe_of(_compiled({"x": "*fp32", "y": "*fp32"}), (1,), (x, y), inputs, [(y, True)]), inputs,
+                    (3, 0)) is True
     assert t.call is not None and t.defined == 1
     packed = t.pack((x, None, None, None, None, None), (3, 0))
     assert struct.unpack_from("<Q", bytes(packed[0].tolist()), 0) == (x.data_ptr(),)

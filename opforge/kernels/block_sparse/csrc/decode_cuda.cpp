@@ -16,6 +16,12 @@
 //   grid(Tensor x, int bh, int bw, int stages, int ctas) -> int
 //     the CTAs forward launches for x's tokens, dtype and device with that config: 0 when no
 //     variant takes it (not compiled, older than sm_90, or too large for shared memory).
+//   describe(Tensor x, Tensor w, int chunk, int stages, int ctas) -> int[]
+//     how forward launches for x and w (their shapes, dtype and device; the same checks): [the
+//     kernel's CUfunction in the current device's context, grid, threads, shared bytes, blocks a CTA,
+//     the fp32 elements of its partial-sum slots], for a launch from packed parameters
+//     (native_launch's recipes: cuda_decode.py), whose parameters are Args's fields, the ring's
+//     slots and x's tensor map (a (bw, T) box; unread at T = 1).
 
 #ifndef USE_CUDA
 #define USE_CUDA  // the shim's CUDA entry points (aoti_torch_get_current_cuda_stream)
@@ -34,6 +40,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "decode_cuda.h"
 #include "opforge_stable.h"
@@ -91,6 +98,27 @@ int64_t grid(Tensor x, int64_t bh, int64_t bw, int64_t stages, int64_t ctas) {
   return grid_for(x, bh, bw, stages, ctas);
 }
 
+// A launch's grid, blocks a CTA and partial-sum slots (fp32 elements: a slot a (CTA, strip) for the
+// row cut at the CTA's end), for forward's checked arguments.
+struct Geometry {
+  int grid, share;
+  int64_t part;
+};
+
+Geometry geometry(const Tensor& x, int64_t nnz, int64_t bh, int64_t bw, int64_t chunk, int64_t stages, int64_t ctas) {
+  const int64_t tokens = x.size(0);
+  int grid = grid_for(x, bh, bw, stages, ctas);
+  STD_TORCH_CHECK(grid > 0, kOp, ": no variant for ", tokens, " tokens and ", bh, " x ", bw, " blocks with ", stages,
+                  " stages and ", ctas, " CTAs an SM on cuda:", x.get_device_index(),
+                  " (it needs sm_90 or newer, and the ring must fit shared memory)");
+  int share = static_cast<int>(std::max<int64_t>(1, (nnz + grid - 1) / grid));
+  if (chunk > 0) {
+    share = static_cast<int>(std::min<int64_t>(chunk, std::max<int64_t>(nnz, 1)));
+    grid = static_cast<int>(std::max<int64_t>(1, (nnz + share - 1) / share));  // lower CTAs start first: no deadlock
+  }
+  return {grid, share, int64_t{grid} * (bh / 16) * config_of(tokens, bh, bw, stages, ctas).nt * 32 * 4};
+}
+
 void forward(Tensor x, Tensor w, std::optional<Tensor> b, Tensor y, Tensor cols, Tensor row_ptr, Tensor counts,
              int64_t chunk, int64_t stages, int64_t ctas, int64_t overlap) {
   STD_TORCH_CHECK(x.is_cuda(), kOp, ": x must be a CUDA tensor, got ", device_name(x));
@@ -138,17 +166,9 @@ void forward(Tensor x, Tensor w, std::optional<Tensor> b, Tensor y, Tensor cols,
 
   const torch::stable::accelerator::DeviceGuard guard(device);
   const k::Config c = config_of(tokens, bh, bw, stages, ctas, overlap == 1);
-  int grid = grid_for(x, bh, bw, stages, ctas);
-  STD_TORCH_CHECK(grid > 0, kOp, ": no variant for ", tokens, " tokens and ", bh, " x ", bw, " blocks with ", stages,
-                  " stages and ", ctas, " CTAs an SM on cuda:", device,
-                  " (it needs sm_90 or newer, and the ring must fit shared memory)");
-  int share = static_cast<int>(std::max<int64_t>(1, (nnz + grid - 1) / grid));
-  if (chunk > 0) {
-    share = static_cast<int>(std::min<int64_t>(chunk, std::max<int64_t>(nnz, 1)));
-    grid = static_cast<int>(std::max<int64_t>(1, (nnz + share - 1) / share));  // lower CTAs start first: no deadlock
-  }
-  // a slot a (CTA, strip) for the row cut at the CTA's end
-  Tensor part = torch::stable::new_empty(x, {int64_t{grid} * (bh / 16) * c.nt * 32 * 4}, ScalarType::Float);
+  const Geometry g = geometry(x, nnz, bh, bw, chunk, stages, ctas);
+  const int grid = g.grid, share = g.share;
+  Tensor part = torch::stable::new_empty(x, {g.part}, ScalarType::Float);
   void* stream = nullptr;
   STD_TORCH_CHECK(aoti_torch_get_current_cuda_stream(device, &stream) == AOTI_TORCH_SUCCESS, kOp,
                   ": could not get the current CUDA stream of cuda:", device);
@@ -161,15 +181,32 @@ void forward(Tensor x, Tensor w, std::optional<Tensor> b, Tensor y, Tensor cols,
   STD_TORCH_CHECK(err == cudaSuccess, kOp, ": CUDA error: ", cudaGetErrorString(err));
 }
 
+std::vector<int64_t> describe(Tensor x, Tensor w, int64_t chunk, int64_t stages, int64_t ctas) {
+  STD_TORCH_CHECK(x.is_cuda() && x.dim() == 2 && w.dim() == 3, kOp, ": describe takes x (T, in) and w (nnz, bh, bw) of "
+                  "a call, got ", device_name(x), " ", shape_str(x.sizes()), " and ", shape_str(w.sizes()));
+  STD_TORCH_CHECK(chunk >= 0, kOp, ": chunk must be >= 0 (0: an equal share), got ", chunk);
+  const int64_t tokens = x.size(0), nnz = w.size(0), bh = w.size(1), bw = w.size(2);
+  const torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
+  const Geometry g = geometry(x, nnz, bh, bw, chunk, stages, ctas);
+  const k::Config c = config_of(tokens, bh, bw, stages, ctas);
+  void* fn = nullptr;
+  const cudaError_t err = k::function_of(x.scalar_type() == ScalarType::BFloat16, c, &fn);
+  STD_TORCH_CHECK(err == cudaSuccess, kOp, ": CUDA error: ", cudaGetErrorString(err));
+  return {static_cast<int64_t>(reinterpret_cast<uintptr_t>(fn)), g.grid, k::threads_of(c), k::smem_of(c, 2), g.share,
+          g.part};
+}
+
 }  // namespace
 
 OPFORGE_LIBRARY(OPFORGE_NS, m) {
   m.def("forward(Tensor x, Tensor w, Tensor? b, Tensor(a!) y, Tensor cols, Tensor row_ptr, Tensor(b!) counts, "
         "int chunk, int stages, int ctas, int overlap) -> ()");
   m.def("grid(Tensor x, int bh, int bw, int stages, int ctas) -> int");
+  m.def("describe(Tensor x, Tensor w, int chunk, int stages, int ctas) -> int[]");
 }
 
 OPFORGE_LIBRARY_IMPL(OPFORGE_NS, CompositeExplicitAutograd, m) {
   m.impl("forward", TORCH_BOX(&forward));
   m.impl("grid", TORCH_BOX(&grid));
+  m.impl("describe", TORCH_BOX(&describe));
 }

@@ -59,4 +59,8 @@ cudaError_t grid_of(bool bf16, const Config& c, int device, int* grid);
 // Launch over `grid` CTAs; a.chunk blocks each.
 cudaError_t launch(bool bf16, const Config& c, int grid, const Args& a, cudaStream_t stream);
 
+// The variant's driver function (a CUfunction) in the current device's context, for a launch from
+// packed parameters (native_launch's recipes), whose shared memory attribute grid_of() has set.
+cudaError_t function_of(bool bf16, const Config& c, void** fn);
+
 }  // namespace opforge_block_sparse_decode

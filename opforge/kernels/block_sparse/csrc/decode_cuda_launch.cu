@@ -34,6 +34,8 @@ Encode encoder() {
 
 // x (tokens, k_in) as a 2-D tensor, its box a block's column slice of every token: (bw, tokens),
 // rows bw * elem bytes apart in shared memory, as the ring's slot holds them. Only for tokens > 1.
+// Encoded as native_launch's map slots encode (128-byte L2 promotion), so a launch from a recipe
+// (cuda_decode.py) passes the same map.
 cudaError_t x_map(bool bf16, const Config& c, const Args& a, CUtensorMap* map) {
   const Encode encode = encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
@@ -43,7 +45,7 @@ cudaError_t x_map(bool bf16, const Config& c, const Args& a, CUtensorMap* map) {
   const cuuint32_t steps[2] = {1, 1};
   const CUresult r = encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
                             const_cast<void*>(a.x), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                            CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
@@ -94,6 +96,16 @@ cudaError_t grid_of(bool bf16, const Config& c, int device, int* grid) {
   }
   *grid = it->second.first * std::min(c.ctas, it->second.second);
   return cudaSuccess;
+}
+
+cudaError_t function_of(bool bf16, const Config& c, void** fn) {
+  *fn = nullptr;
+  const Kernel k = bf16 ? kernel_bf16(c.nt, c.kq, c.mt) : kernel_f16(c.nt, c.kq, c.mt);
+  if (k == nullptr) return cudaErrorInvalidConfiguration;
+  cudaFunction_t found = nullptr;
+  const cudaError_t err = cudaGetFuncBySymbol(&found, reinterpret_cast<const void*>(k));
+  *fn = reinterpret_cast<void*>(found);
+  return err;
 }
 
 cudaError_t launch(bool bf16, const Config& c, int grid, const Args& a, cudaStream_t stream) {
