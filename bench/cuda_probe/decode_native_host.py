@@ -12,10 +12,15 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode_cuda_host import b2b_us  # noqa: E402
 
 
 def per_call_us(fn, calls: int = 50, repeats: int = 7) -> float:
@@ -28,18 +33,6 @@ def per_call_us(fn, calls: int = 50, repeats: int = 7) -> float:
         got.append((time.perf_counter() - t0) / calls * 1e6)
     torch.cuda.synchronize()
     return statistics.median(got)
-
-
-def gpu_us(fn, calls: int = 200) -> float:
-    fn()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(calls):
-        fn()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) * 1e3 / calls
 
 
 def main() -> None:
@@ -85,7 +78,7 @@ def main() -> None:
                     k[0] += 1
                     return op(xs[k[0] % 8])
                 row = {"module": per_call_us(lambda: m(x)), "native op": per_call_us(op),  # noqa: B023
-                       "native op, new x": per_call_us(fresh), "gpu b2b": gpu_us(op)}
+                       "native op, new x": per_call_us(fresh), "gpu b2b": b2b_us([op])}
                 print(f"T={t} {label:6s} " + ", ".join(f"{n} {v:.1f}" for n, v in row.items()), flush=True)
                 if args.profile:
                     from torch.profiler import ProfilerActivity, profile
