@@ -36,7 +36,7 @@ def main() -> None:
     ap.set_defaults(tokens="1,16")
     args = ap.parse_args()
     from opforge.kernels.block_sparse import cuda_decode, triton_impl
-    from opforge.kernels.block_sparse.triton_sizing import split_counts
+    from opforge.kernels.block_sparse.buffers import split_counts
 
     dev, dt, n = torch.device("cuda"), torch.bfloat16, args.layers
     op = cuda_decode.ops().forward

@@ -37,7 +37,8 @@ from ...notices import warn_once
 from ...process import forgets
 from ..native_launch.recipe import Int, Map, Recipe, Struct, recipe_of_function
 from ..tuned_op import OpPlan, TunedOp
-from .triton_sizing import bucket, depth, split_counts, split_partials
+from .buffers import split_counts, split_partials
+from .triton_sizing import bucket, depth
 
 MAX_TOKENS = 32
 """The most tokens the compiled variants take (8-token tiles 1, 2, 4). A tile of 64 tokens (8 x 8) ran
@@ -118,7 +119,7 @@ def _sources() -> list[str]:
 def recipe(choice, prefix: tuple, inputs: tuple, outputs: list) -> Recipe | str:
     """The native_launch recipe of the op's launch with ``prefix`` (``_fwd_prefix``'s: x, w, b or None,
     y, cols, row_ptr, counts, chunk) and ``choice``: the kernel's parameters are ``Args``'s fields (the
-    partial-sum slots and the counts held: ``split_partials``, where the op allocates its slots each
+    partial-sum slots and the counts held: ``buffers.split_partials``, where the op allocates its slots each
     call), the ring's slots and x's tensor map (``csrc/decode_cuda.h``)."""
     x, w, b, y, cols, row_ptr, counts, chunk = prefix
     stages, ctas, overlap = choice.values

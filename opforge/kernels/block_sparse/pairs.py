@@ -71,7 +71,7 @@ def pair_lists(cols: torch.Tensor, row_ptr: torch.Tensor, grid_r: int, grid_c: i
 def lists_for(cols: torch.Tensor, row_ptr: torch.Tensor, grid_r: int, grid_c: int, make=None) -> tuple | None:
     """``pair_lists`` of these index tensors, made once per tensors (the same objects, unwritten since)
     and kept while ``cols`` lives, so a CUDA graph that captured a launch reading them can replay it.
-    ``make(fn)``: how to run the making (``triton_sizing.outside_pools``); None: not made here (under
+    ``make(fn)``: how to run the making (``buffers.outside_pools``); None: not made here (under
     a CUDA graph capture, which can't make them: the caller takes the one-row forward)."""
     key = (id(cols), id(row_ptr), grid_r, grid_c)
     found = _MEMO.get(key)

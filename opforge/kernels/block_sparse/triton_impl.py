@@ -45,6 +45,7 @@ from .. import triton_launch
 from ..native_launch import NativeTable
 from ..triton_tma import Described
 from . import pairs, reference
+from .buffers import split_counts
 from .triton_decode_plans import decode_route, pointer_plan
 from .triton_plans import (
     _DECODE,
@@ -74,7 +75,6 @@ from .triton_sizing import (
     m_fits,
     pairs_fit,
     precision,
-    split_counts,
     supported,
     tma_ready,
 )

@@ -20,6 +20,7 @@ from ..triton_launch import Plan, TunedKernel
 from ..triton_tma import Described
 from ..tuned_op import OpPlan
 from . import cuda_decode, pairs
+from .buffers import outside_pools, split_counts, split_slots
 from .triton_decode import _decode_kernel, _decode_uncut_kernel
 from .triton_kernels import (
     _dw_kernel,
@@ -38,11 +39,8 @@ from .triton_sizing import (
     dw_configs,
     fwd_configs,
     m_configs,
-    outside_pools,
     pair_fits,
     precision,
-    split_counts,
-    split_slots,
 )
 
 FAMILY = "block_sparse_triton"

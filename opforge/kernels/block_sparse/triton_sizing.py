@@ -1,7 +1,7 @@
 """How the block-sparse Triton kernels' work is sized (``triton_impl.py`` plans and launches it):
 the candidate configs and which of them fit a call, the size classes of the tuning key, the
-decode split and its arrival counts, whether the copy engine (TMA) takes the operands, and the
-device's facts, each read once.
+decode split (its kept buffers: ``buffers.py``), whether the copy engine (TMA) takes the operands,
+and the device's facts, each read once.
 
 Without triton installed this module still imports (``triton_compat.py``).
 """
@@ -9,7 +9,6 @@ Without triton installed this module still imports (``triton_compat.py``).
 from __future__ import annotations
 
 import functools
-import threading
 
 import torch
 
@@ -106,91 +105,9 @@ def dw_fits(c, bh: int, bw: int, g: int, size: int) -> bool:
     return c.kwargs["BLOCK_T"] * (bh + g * bw) * size * c.num_stages <= 200 * 1024
 
 
-_COUNTS: dict = {}
-_SLOTS: dict = {}
-_PARTIALS: dict = {}
-_OLD_BUFFERS: list = []
-
 SLOT_EMPTY = -1
 """What an empty partial slot of ``_decode_kernel`` holds, as int32: the bits 0xFFFFFFFF, a NaN that no
 GPU arithmetic makes (a GPU's NaN results are 0x7FFFFFFF), so no partial sum can look empty."""
-
-
-def split_counts(device: int, needed: int) -> torch.Tensor:
-    """The arrival counts of the kernels that add partial sums (the split ``_fwd_kernel``,
-    ``_dw_kernel``, the CUDA decode kernel): int32 zeros, one buffer per (device, stream), since
-    launches on one stream run in order and each leaves its counts at zero. A buffer outgrown is
-    kept, not freed: a captured CUDA graph may still use it.
-
-    Buffers are made outside any CUDA graph pool (``_filled_outside_pools``). A capture finds the
-    device's buffer made before it (by the warm-up calls a capture needs) and uses it: the graph is
-    replayed in order with the work of the stream that made it (a stream of its own if a capture
-    comes first: then the graph's pool holds it)."""
-    return _stream_buffer(_COUNTS, device, needed, 0)
-
-
-def split_slots(device: int, needed: int) -> torch.Tensor:
-    """``_decode_kernel``'s partial slots: int32 (fp32 bits) filled with ``SLOT_EMPTY``, kept and
-    shared as ``split_counts``'s counts are, since each launch leaves every slot it filled empty again
-    (the program that reads a slot empties it)."""
-    return _stream_buffer(_SLOTS, device, needed, SLOT_EMPTY)
-
-
-def split_partials(device: int, needed: int) -> torch.Tensor:
-    """The CUDA decode kernel's partial sums, when its launch is replayed from C++ (``cuda_decode.recipe``):
-    a slot a (CTA, strip), written and read within one launch (the counts say when a slot is full), so
-    kept and shared as ``split_counts``'s counts are, not allocated each call. int32 elements (fp32 bits
-    to the kernel). A launch as a programmatic dependent touches no slot before the launch before it
-    on the stream is done (``griddepcontrol.wait``)."""
-    return _stream_buffer(_PARTIALS, device, needed, 0)
-
-
-def _stream_buffer(store: dict, device: int, needed: int, fill: int) -> torch.Tensor:
-    stream = triton.runtime.driver.active.get_current_stream(device)
-    buf = store.get((device, stream))
-    if buf is not None and buf.numel() >= needed:
-        return buf
-    if torch.cuda.is_current_stream_capturing():
-        found = [b for (d, _), b in store.items() if d == device and b.numel() >= needed]
-        if found:
-            store[(device, stream)] = found[0]
-            return found[0]
-    if buf is not None:
-        _OLD_BUFFERS.append(buf)
-    buf = store[(device, stream)] = _filled_outside_pools(max(4096, 2 * needed), fill, torch.device("cuda", device))
-    return buf
-
-
-def _filled_outside_pools(n: int, fill: int, device: torch.device) -> torch.Tensor:
-    """int32 ``fill``s that outlive the call (``outside_pools``); under a capture they are made here,
-    on the capturing stream (the graph's pool holds them)."""
-    if torch.cuda.is_current_stream_capturing():
-        return torch.full((n,), fill, dtype=torch.int32, device=device)
-    return outside_pools(lambda: torch.full((n,), fill, dtype=torch.int32, device=device), device)
-
-
-def outside_pools(make, device: torch.device):
-    """``make()``'s tensors, made by another thread for tensors that outlive the call: torch.compile's
-    CUDA graph trees send this thread's allocations to their pool while they warm up and record, and
-    the pool must hold no tensor they don't track ("Detected 1 tensor(s) in the cudagraph pool not
-    tracked as outputs"). That thread waits for its work, so it is done before any later launch.
-    Not under a capture (another thread's work can't run then)."""
-    made: list = []
-
-    def work() -> None:
-        try:
-            with torch.cuda.device(device):
-                made.append(make())
-                torch.cuda.current_stream(device).synchronize()
-        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread below
-            made.append(exc)
-
-    worker = threading.Thread(target=work, name="opforge-outside-pools")
-    worker.start()
-    worker.join()
-    if isinstance(made[0], BaseException):
-        raise made[0]
-    return made[0]
 
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -403,4 +320,4 @@ __all__ = ["DECODE_MAX_TOKENS", "DECODE_PIPES", "DECODE_SLOT_TOKENS", "DECODE_UN
            "decode_block_k", "decode_chunk", "decode_configs", "decode_fits", "decode_search", "decode_split", "decode_start",
            "overlap",
            "decode_uncut_configs", "decode_uncut_fits", "decode_uncut_sub", "depth", "device_facts", "dw_configs", "dw_fits", "fwd_configs", "has_tma", "m_configs",
-           "m_fits", "pow2", "precision", "SLOT_EMPTY", "split_counts", "split_slots", "supported", "tma_ready"]
+           "m_fits", "pow2", "precision", "SLOT_EMPTY", "supported", "tma_ready"]
