@@ -38,6 +38,7 @@ import torch
 
 from .. import settings
 from ..process import forgets
+from .native_launch.recipe import recipe_of
 from .triton_compat import TensorDescriptor, triton
 from .triton_tma import Described, RawLauncher, described
 from .tuning import TuningStore, fingerprint
@@ -300,6 +301,13 @@ class Plan:
             if self.compiled is not None:
                 self.has_desc = any(type(a) is Described for a in prefix)
                 self.raw = RawLauncher.of(self.compiled, prefix) if self.has_desc else None
+
+    def recipe(self, prefix: tuple, inputs: tuple, outputs: list):
+        """The native_launch recipe of the launch just made with ``prefix`` (``recipe_of``), or why there
+        is none; None while no launch has compiled the kernel (ask again after the next)."""
+        if self.compiled is None:
+            return None
+        return recipe_of(self.compiled, self.grid, prefix + self.tail, inputs, outputs)
 
 
 def _stream(device: int):

@@ -13,12 +13,10 @@ import torch
 
 from .. import triton_launch
 from ..native_launch import NativeTable
-from ..native_launch.recipe import recipe_of
 from ..route import Route
 from ..triton_compat import triton
 from ..triton_launch import Plan, TunedKernel
 from ..triton_tma import Described
-from ..tuned_op import OpPlan
 from . import cuda_decode, pairs
 from .buffers import outside_pools, split_counts, split_slots
 from .triton_decode import _decode_kernel, _decode_uncut_kernel
@@ -196,17 +194,17 @@ def _define(table: NativeTable, missed: bool, plan, prefix: tuple, inputs: tuple
     this call (``missed``) or has no recipe yet: the next call with these inputs' key launches from
     C++. Not for a launch the recipe can't make (``plan.native`` holds why), under a CUDA graph
     capture (the plan isn't kept: its config was chosen untimed), or with the tensors' device not
-    the current one. A Triton kernel's recipe comes from its compiled kernel, the CUDA decode
-    kernel's (an ``OpPlan``) from its extension (``cuda_decode.recipe``)."""
+    the current one. Each plan makes its own recipe (``Plan.recipe`` from the compiled Triton kernel,
+    ``OpPlan.recipe`` from the CUDA decode kernel's extension); None: not compiled yet."""
     if not (missed or (table.call is None and not table.defined)) or not table.wanted or plan.native:
         return
-    is_op = type(plan) is OpPlan
-    if (not is_op and plan.compiled is None) or torch.cuda.is_current_stream_capturing():
+    if torch.cuda.is_current_stream_capturing():
         return
     if inputs[0].device.index != torch.cuda.current_device() or not triton_launch.direct():
         return
-    recipe = plan.recipe(prefix, inputs, outputs) if is_op else recipe_of(plan.compiled, plan.grid, prefix + plan.tail,
-                                                                           inputs, outputs)
+    recipe = plan.recipe(prefix, inputs, outputs)
+    if recipe is None:
+        return
     if not table.define(recipe, inputs, scalars):
         plan.native = table.reason or "refused"
 
