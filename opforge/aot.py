@@ -5,6 +5,9 @@ names) at ``pip install`` compiles those extensions into ``opforge/_C`` with set
 torch's ``BuildExtension``, and records what they were built against in
 ``opforge/_C/build_info.json`` (see ``prebuilt.py``).
 
+* A kind is built whole: its variants, its companions (the extensions its variants load by
+  themselves, such as block_sparse's C++ autograd node and CUDA decode kernel) and the kinds its
+  loader uses (block_sparse's launches go through native_launch), so its first call compiles nothing.
 * Every x86 ISA variant is built on an x86 host (explicit ``-m`` flags, never
   tuned to the build host), so one wheel runs on any x86 machine; the loader picks at run time.
 * A plain ``pip install .`` builds nothing: ``setup.py`` imports this module only when
@@ -46,6 +49,7 @@ from . import settings as settings_mod
 from .decision import Accepted, Decision, Rejected
 from .errors import OpforgeError
 from .files import atomic_write
+from .loader import with_used
 
 _OFF = ("", "0", "none", "no", "off")
 
@@ -62,20 +66,25 @@ def torch_or_explain(request: str, var: str = "OPFORGE_BUILD"):
     return torch
 
 
-def parse_request(request: str, extensions: dict, var: str = "OPFORGE_BUILD") -> list:
+def parse_request(request: str, extensions: dict, var: str = "OPFORGE_BUILD", uses: dict | None = None) -> list:
     """The extension classes ``OPFORGE_BUILD`` names: ``all``, or kinds and names, comma-separated.
+    A kind brings the kinds its loader ``uses`` (``uses``: kind -> kinds), and ``extensions`` holds
+    each kind's companions beside its variants, so ``block_sparse`` prebuilds all that its first call
+    would otherwise compile.
 
     >>> class E:
     ...     def __init__(self, name, kind, aot=True): self.name, self.kind, self.support_aot = name, kind, aot
-    >>> exts = {e.name: e for e in (E("a_avx2", "a"), E("a_torch", "a", False), E("b_cuda", "b"))}
+    >>> exts = {e.name: e for e in (E("a_avx2", "a"), E("a_torch", "a", False), E("b_cuda", "b"), E("c_cpp", "c"))}
     >>> [e.name for e in parse_request("all", exts)]
-    ['a_avx2', 'b_cuda']
+    ['a_avx2', 'b_cuda', 'c_cpp']
     >>> [e.name for e in parse_request("a, b_cuda", exts)]
     ['a_avx2', 'b_cuda']
-    >>> parse_request("c", exts)
+    >>> [e.name for e in parse_request("b", exts, uses={"b": ("c",), "c": ("a",)})]
+    ['a_avx2', 'b_cuda', 'c_cpp']
+    >>> parse_request("d", exts)
     Traceback (most recent call last):
     ...
-    ValueError: OPFORGE_BUILD: unknown kernel kind or extension 'c'. Known kinds: a, b; extensions: a_avx2, b_cuda; or 'all'
+    ValueError: OPFORGE_BUILD: unknown kernel kind or extension 'd'. Known kinds: a, b, c; extensions: a_avx2, b_cuda, c_cpp; or 'all'
     """
     if request.strip().lower() in _OFF:
         return []
@@ -90,19 +99,22 @@ def parse_request(request: str, extensions: dict, var: str = "OPFORGE_BUILD") ->
         elif token in aot:
             chosen[token] = aot[token]
         elif token in kinds:
-            chosen.update({n: e for n, e in aot.items() if e.kind == token})
+            for kind in with_used(token, uses or {}):
+                chosen.update({n: e for n, e in aot.items() if e.kind == kind})
         else:
             raise ValueError(f"{var}: unknown kernel kind or extension {token!r}. Known kinds: "
                              f"{', '.join(kinds)}; extensions: {', '.join(sorted(aot))}; or 'all'")
     return sorted(chosen.values(), key=lambda e: e.name)
 
 
-def buildable(ext, machine: str, torch_cuda: str | None, has_nvcc: bool) -> Decision:
-    """Can this build host produce the extension (whatever CPU it runs on)?"""
+def buildable(ext, machine: str, torch_cuda: str | None, has_nvcc: bool, torch_hip: str | None = None) -> Decision:
+    """Can this build host produce the extension (whatever CPU it runs on), and is it of use with this torch?"""
     if ext.backend == "cpp":
         isa = getattr(ext, "isa", None)
         if isa is not None and not isa.buildable_on(machine):
             return Rejected(f"{isa.label} code can't be built on {machine}")
+        if getattr(ext, "gpu_torch_only", False) and torch_cuda is None and torch_hip is None:
+            return Rejected("it drives GPU kernels, and this torch has no CUDA or ROCm")
         return Accepted()
     if ext.backend == "cuda":
         if torch_cuda is None:
@@ -122,25 +134,28 @@ def setup_kwargs(request: str | None = None) -> dict:
     if request.strip().lower() in _OFF:
         return {}
     torch_or_explain(request)
-    exts = {e.name: e for cls in loaders().values() for e in cls.extensions() if e.aot_package == prebuilt.PACKAGE}
-    return extension_kwargs(request, exts, "OPFORGE_BUILD", "opforge")
+    kinds = loaders().values()
+    exts = {e.name: e for cls in kinds for e in (*cls.extensions(), *cls.companions())
+            if e.aot_package == prebuilt.PACKAGE}
+    return extension_kwargs(request, exts, "OPFORGE_BUILD", "opforge", {cls.kind: cls.uses for cls in kinds})
 
 
-def extension_kwargs(request: str, extensions: dict, var: str, who: str) -> dict:
+def extension_kwargs(request: str, extensions: dict, var: str, who: str, uses: dict | None = None) -> dict:
     """``ext_modules`` and ``cmdclass`` that build the ``extensions`` (name -> Extension) that
     ``request`` names, each into its ``aot_package``; ``var`` is the variable the request came
-    from and ``who`` the package being installed (for the messages)."""
+    from and ``who`` the package being installed (for the messages); ``uses``: the kinds each kind
+    uses (``KernelLoader.uses``), built with it."""
     from .engine import toolchain
 
     if request.strip().lower() in _OFF:
         return {}
     torch = torch_or_explain(request, var)
-    wanted = parse_request(request, extensions, var)
+    wanted = parse_request(request, extensions, var, uses)
     machine = os.uname().machine
     has_nvcc = toolchain.find_nvcc(settings_mod.current()) is not None
     modules, skipped = [], []
     for ext in wanted:
-        verdict = buildable(ext, machine, torch.version.cuda, has_nvcc)
+        verdict = buildable(ext, machine, torch.version.cuda, has_nvcc, getattr(torch.version, "hip", None))
         verdict = verdict and ext.bindings_decision()  # a pybind11 module would build, then offer no ops
         if verdict:
             modules.append(setuptools_extension(ext))
@@ -243,14 +258,17 @@ def setup_extensions(loaders: Iterable[type], env: str, request: str | None = No
     from .extension import CompiledExtension
     from .prebuilt import PACKAGE
 
-    exts = {e.name: e for cls in loaders for e in cls.extensions() if isinstance(e, CompiledExtension)}
+    loaders = list(loaders)
+    exts = {e.name: e for cls in loaders for e in (*cls.extensions(), *cls.companions())
+            if isinstance(e, CompiledExtension)}
     mine = sorted(e.name for e in exts.values() if e.aot_package == PACKAGE)
     if mine:
         raise TypeError(f"{', '.join(mine)} would be prebuilt into opforge's own package ({PACKAGE}) and "
                         f"looked for there: set `aot_package = \"<yourpkg>._C\"` on your extensions")
     packages = sorted({e.aot_package for e in exts.values()})
     request = settings_mod.build_request(env) if request is None else request
-    return extension_kwargs(request, exts, env, packages[0].split(".")[0] if packages else env)
+    return extension_kwargs(request, exts, env, packages[0].split(".")[0] if packages else env,
+                            {cls.kind: cls.uses for cls in loaders})
 
 
 __all__ = ["extension_kwargs", "parse_request", "setup_extensions", "setup_kwargs"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from . import adopt, checks
@@ -82,17 +82,23 @@ def select(extensions: Sequence[Extension], platform, statuses: Mapping[str, Sta
     out: list[Candidate] = []
     chosen = False
     for ext in sorted(extensions, key=lambda e: (-e.priority, e.name)):
-        available = first_rejection([ext.serves(device), checks.run(ext, checks.AVAILABLE, platform)])
-        compatible = checks.run(ext, checks.COMPATIBLE, platform)
-        status = None
-        if available and compatible:
-            status = statuses.get(ext.name, Status(NEEDS_BUILD))
-            compatible = first_rejection([compatible, toolchain_decision(ext, platform, status)])
-        d = first_rejection([available, compatible])
-        pick = bool(d) and not chosen
+        c = decide(ext, platform, statuses, device)
+        pick = bool(c.decision) and not chosen
         chosen = chosen or pick
-        out.append(Candidate(ext, d, available, compatible, status, pick))
+        out.append(replace(c, chosen=pick) if pick else c)
     return out
+
+
+def decide(ext: Extension, platform, statuses: Mapping[str, Status], device: str | None = None) -> Candidate:
+    """One extension's verdict, never ``chosen``: its hardware, its software, and whether it can be had
+    in its state (``statuses``, as for ``select``). Pure."""
+    available = first_rejection([ext.serves(device), checks.run(ext, checks.AVAILABLE, platform)])
+    compatible = checks.run(ext, checks.COMPATIBLE, platform)
+    status = None
+    if available and compatible:
+        status = statuses.get(ext.name, Status(NEEDS_BUILD))
+        compatible = first_rejection([compatible, toolchain_decision(ext, platform, status)])
+    return Candidate(ext, first_rejection([available, compatible]), available, compatible, status)
 
 
 BEFORE_FOREIGN: list = []
@@ -118,13 +124,18 @@ class KernelLoader:
     """One subclass per kernel kind: ``class CPUAdamLoader(KernelLoader): kind = "cpu_adam"``."""
 
     kind: ClassVar[str] = ""
+    uses: ClassVar[tuple[str, ...]] = ()
+    """The kinds whose loaders this kind's variants load (block_sparse's Triton variant launches through
+    ``native_launch``'s): prebuilt with it (``OPFORGE_BUILD=<kind>``) and built with it (``opforge build``)."""
     _extensions: ClassVar[list[type[Extension]]] = []
+    _companions: ClassVar[list[type[Extension]]] = []
     _cache: ClassVar[dict[tuple, LoadedKernel]] = {}
     _lock: ClassVar[threading.RLock] = threading.RLock()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls._extensions = []
+        cls._companions = []
         cls._cache = {}
         cls._lock = threading.RLock()
         if cls.kind:
@@ -152,6 +163,28 @@ class KernelLoader:
         if ext_cls.kind != cls.kind:
             raise TypeError(f"{ext_cls.__qualname__} is of kind {ext_cls.kind!r}; register it with the "
                             f"loader of that kind, not {cls.__name__} ({cls.kind!r})")
+        cls._enter(ext_cls, cls._extensions)
+        return ext_cls
+
+    @classmethod
+    def register_companion(cls, ext_cls):
+        """Add an extension this kind's variants load by themselves, outside the priority order (a C++
+        autograd node, a CUDA kernel one of their routes may pick); usable as ``@Loader.register_companion``.
+        ``load()`` never chooses it, but it is prebuilt with the kind (``OPFORGE_BUILD=<kind>``), built by
+        ``opforge build <kind>`` and listed by ``opforge report``, so its first use compiles nothing either."""
+        if not (isinstance(ext_cls, type) and issubclass(ext_cls, Extension)):
+            raise TypeError(f"{cls.__name__}.register_companion takes a subclass of opforge.Extension, not {ext_cls!r}")
+        if not ext_cls.kind:
+            ext_cls.kind = cls.kind
+        if ext_cls.kind != cls.kind:
+            raise TypeError(f"{ext_cls.__qualname__} is of kind {ext_cls.kind!r}; register it with the "
+                            f"loader of that kind, not {cls.__name__} ({cls.kind!r})")
+        cls._enter(ext_cls, cls._companions)
+        return ext_cls
+
+    @classmethod
+    def _enter(cls, ext_cls, into: list) -> None:
+        """Validate ``ext_cls`` and register its name (unique across kinds, variants and companions alike)."""
         ext_cls.validate()
         _own_kernels_first(ext_cls.__module__)
         with _REGISTRY_LOCK:
@@ -159,10 +192,12 @@ class KernelLoader:
             if other is not None and other is not ext_cls:
                 raise ValueError(f"an extension named {ext_cls.name!r} is already registered "
                                  f"({other.__module__}.{other.__qualname__}); pick another name")
+            if ext_cls in (cls._companions if into is cls._extensions else cls._extensions):
+                raise ValueError(f"{ext_cls.__qualname__} is registered with {cls.__name__} as a variant and as a "
+                                 "companion: it is one or the other")
             _NAMES[ext_cls.name] = ext_cls
-            if ext_cls not in cls._extensions:
-                cls._extensions.append(ext_cls)
-        return ext_cls
+            if ext_cls not in into:
+                into.append(ext_cls)
 
     @classmethod
     def register_cpu_variants(cls, base: type[Extension], prefix: str) -> list[type[Extension]]:
@@ -183,6 +218,21 @@ class KernelLoader:
     def extensions(cls) -> list[Extension]:
         return [e() for e in cls._extensions]
 
+    @classmethod
+    def companions(cls) -> list[Extension]:
+        """The extensions registered with ``register_companion``, by name."""
+        return sorted((e() for e in cls._companions), key=lambda e: e.name)
+
+    def companion_candidates(self, platform=None, prebuilt=None) -> list[Candidate]:
+        """Every companion with its Decision and state, as ``candidates`` gives the variants; none chosen."""
+        from .platform import current
+
+        s = settings_mod.current()
+        platform = platform or current(s)
+        exts = self.companions()
+        statuses = _statuses(exts, platform, prebuilt, s)
+        return [decide(e, platform, statuses) for e in exts]
+
     def candidates(self, platform=None, prebuilt=None, lazy: bool = False, device: str | None = None) -> list[Candidate]:
         """Every extension of this kind with its Decision and state, best first; with ``device``,
         only those whose ops take tensors on that device type can be chosen.
@@ -195,19 +245,7 @@ class KernelLoader:
         s = settings_mod.current()
         platform = platform or current(s)
         exts = sorted(self.extensions(), key=lambda e: (-e.priority, e.name))
-        statuses = {}
-        records: dict[str, prebuilt_mod.Prebuilt] = {}
-        for ext in exts:
-            if ext.serves(device) and checks.run(ext, checks.AVAILABLE, platform) and \
-                    checks.run(ext, checks.COMPATIBLE, platform):
-                package = ext.aot_package
-                if package not in records:  # ``prebuilt`` stands for opforge's own; others read theirs
-                    given = prebuilt if package == prebuilt_mod.PACKAGE else None
-                    records[package] = given if given is not None else prebuilt_mod.for_package(package)
-                status = statuses[ext.name] = ext.status(platform, records[package], s)
-                if lazy and toolchain_decision(ext, platform, status):
-                    break
-        return select(exts, platform, statuses, device)
+        return select(exts, platform, _statuses(exts, platform, prebuilt, s, lazy, device), device)
 
     def load(self, ext_name: str | None = None, strict: bool = False, verbose: bool = False,
              device: str | None = None) -> LoadedKernel:
@@ -261,6 +299,42 @@ class KernelLoader:
         rejected = [f"{c.name}: {c.decision.reason}" for c in cands if not c.decision]
         raise OpforgeError(f"no {self.kind} implementation can be loaded here:\n  "
                            + "\n  ".join(failures + rejected or ["(none is registered)"]))
+
+
+def with_used(kind: str, uses: Mapping[str, Sequence[str]]) -> list[str]:
+    """``kind`` and every kind it uses (``KernelLoader.uses``), directly or through another, once each,
+    ``kind`` first. Pure.
+
+    >>> with_used("a", {"a": ("b", "c"), "b": ("c", "a")})
+    ['a', 'b', 'c']
+    """
+    out, todo = [], [kind]
+    while todo:
+        k = todo.pop(0)
+        if k not in out:
+            out.append(k)
+            todo.extend(uses.get(k, ()))
+    return out
+
+
+def _statuses(exts: Sequence[Extension], platform, prebuilt, s: settings_mod.Settings, lazy: bool = False,
+              device: str | None = None) -> dict[str, Status]:
+    """The state (prebuilt, cached, needs build) of each extension that passes its checks, in order;
+    ``lazy``: only down to the first that can be had. ``prebuilt`` stands for opforge's own package's
+    record (None: read it); other packages' records are read."""
+    statuses = {}
+    records: dict[str, prebuilt_mod.Prebuilt] = {}
+    for ext in exts:
+        if ext.serves(device) and checks.run(ext, checks.AVAILABLE, platform) and \
+                checks.run(ext, checks.COMPATIBLE, platform):
+            package = ext.aot_package
+            if package not in records:
+                given = prebuilt if package == prebuilt_mod.PACKAGE else None
+                records[package] = given if given is not None else prebuilt_mod.for_package(package)
+            status = statuses[ext.name] = ext.status(platform, records[package], s)
+            if lazy and toolchain_decision(ext, platform, status):
+                break
+    return statuses
 
 
 def passed_over(cands: Sequence[Candidate], chosen: Candidate) -> list[Candidate]:
@@ -331,5 +405,5 @@ def clear_cache() -> None:
             cls._cache.clear()
 
 
-__all__ = ["NEEDS_BUILD", "Candidate", "KernelLoader", "clear_cache", "registered", "registered_extension", "select",
-           "toolchain_decision"]
+__all__ = ["NEEDS_BUILD", "Candidate", "KernelLoader", "clear_cache", "decide", "registered", "registered_extension",
+           "select", "toolchain_decision", "with_used"]

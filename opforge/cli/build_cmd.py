@@ -34,6 +34,7 @@ from ..engine.progress import Reporter
 from ..errors import BuildError
 from ..extension import CACHED, NEEDS_BUILD, PREBUILT
 from ..extension import FAILED as FAILED_STATE
+from ..loader import with_used
 from . import user_modules
 from .output import aligned
 
@@ -105,7 +106,7 @@ def selection(tokens, use_all: bool, known: dict) -> tuple[dict[str, set[str] | 
     bad = []
     for token in tokens:
         if token in known:
-            chosen[token] = None
+            chosen.update({k: None for k in with_used(token, {k: cls.uses for k, cls in known.items()}) if k in known})
             continue
         from .. import registry  # the kernel families (torch code): imported when asked for, not by `--help`
 
@@ -121,11 +122,13 @@ def selection(tokens, use_all: bool, known: dict) -> tuple[dict[str, set[str] | 
 
 
 def plan(chosen: dict[str, set[str] | None], known: dict, platform, prebuilt) -> list[Planned]:
-    """Every candidate of the chosen kinds, each either to build or skipped with the reason."""
+    """Every candidate of the chosen kinds, and every companion (``KernelLoader.register_companion``),
+    each either to build or skipped with the reason."""
     out = []
     for kind in sorted(chosen):
         names = chosen[kind]
-        for c in known[kind]().candidates(platform, prebuilt):
+        loader = known[kind]()
+        for c in [*loader.candidates(platform, prebuilt), *loader.companion_candidates(platform, prebuilt)]:
             if names is not None and c.name not in names:
                 continue
             ext = c.extension

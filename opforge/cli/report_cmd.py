@@ -1,6 +1,7 @@
 """``opforge report [--json] [KIND...]``: what works on this machine, and why.
 
-For each kernel kind, every implementation in the order the loader tries them: whether
+For each kernel kind, every implementation in the order the loader tries them, then its companions
+(extensions its variants load by themselves; never chosen, but prebuilt and built with it): whether
 the hardware it needs is here (*available*), whether it can be built and run with this
 software (*compatible*), its state (prebuilt / cached / needs build / ready), and which
 one the loader would choose. Then the facts those decisions were made from (the
@@ -129,7 +130,7 @@ def collect(kinds=(), platform: Platform | None = None, prebuilt: prebuilt_mod.P
     for kind, cls in all_loaders.items():
         if kinds and kind not in kinds:
             continue
-        packages.update(e.aot_package for e in cls().extensions())
+        packages.update(e.aot_package for e in (*cls().extensions(), *cls.companions()))
         cands = cls().candidates(platform, prebuilt)
         chosen = next((c.name for c in cands if c.chosen), None)
         by_device = {}
@@ -138,7 +139,8 @@ def collect(kinds=(), platform: Platform | None = None, prebuilt: prebuilt_mod.P
                 per = cls().candidates(platform, prebuilt, device=device)
                 by_device[device] = next((c.name for c in per if c.chosen), None)
         out_kinds.append({"kind": kind, "loader": f"{cls.__module__}.{cls.__qualname__}", "chosen": chosen,
-                          "by_device": by_device, "candidates": [candidate_json(c) for c in cands]})
+                          "by_device": by_device, "candidates": [candidate_json(c) for c in cands],
+                          "companions": [candidate_json(c) for c in cls().companion_candidates(platform, prebuilt)]})
     return {
         "schema": SCHEMA,
         "opforge": __version__,
@@ -267,9 +269,17 @@ def prebuilt_sections(data: dict) -> list[tuple[str, dict]]:
 CANDIDATE_COLUMNS = ("", "name", "backend", "priority", "available", "compatible", "state", "detail")
 
 
-def candidate_cells(c: dict) -> list[str]:
-    return ["*" if c["chosen"] else "", c["name"], c["backend"], str(c["priority"]), _yes_no(c["available"]),
-            _yes_no(c["compatible"]), c["state"] or "-", candidate_detail(c)]
+def candidate_cells(c: dict, companion: bool = False) -> list[str]:
+    """A variant's row; a companion's (``companion``) is marked ``+`` and has no priority: none is chosen."""
+    return ["+" if companion else "*" if c["chosen"] else "", c["name"], c["backend"],
+            "-" if companion else str(c["priority"]), _yes_no(c["available"]), _yes_no(c["compatible"]),
+            c["state"] or "-", candidate_detail(c)]
+
+
+def kind_rows(k: dict) -> list[tuple[dict, list[str]]]:
+    """Each variant's (candidate, cells), then each companion's."""
+    return [(c, candidate_cells(c)) for c in k["candidates"]] + \
+        [(c, candidate_cells(c, companion=True)) for c in k.get("companions", [])]
 
 
 # -- printing ---------------------------------------------------------------------------
@@ -285,11 +295,13 @@ def print_plain(data: dict, out=None) -> None:
     for k in data["kinds"]:
         w()
         w(f"{k['kind']} ({k['loader']}): chooses {_choice(k)}")
-        rows = [list(CANDIDATE_COLUMNS)] + [candidate_cells(c) for c in k["candidates"]]
+        rows = [list(CANDIDATE_COLUMNS)] + [cells for _, cells in kind_rows(k)]
         for line in aligned(rows):
             w(line)
     if data["kinds"]:
         w("  (* = the implementation the loader would choose)")
+    if any(k.get("companions") for k in data["kinds"]):
+        w("  (+ = a companion: loaded by the kind's variants themselves, prebuilt and built with the kind)")
     w()
     w("platform")
     for line in aligned([list(r) for r in platform_rows(data["platform"])]):
@@ -313,9 +325,11 @@ def print_rich(data: dict, console=None) -> None:
         for col in CANDIDATE_COLUMNS:
             table.add_column(col, justify="right" if col == "priority" else "left",
                              overflow="fold" if col == "detail" else "ellipsis", no_wrap=col != "detail")
-        for c in k["candidates"]:
-            cells = [escape(x) for x in candidate_cells(c)]
-            cells[0] = "✔" if c["chosen"] else ""
+        if k.get("companions"):
+            table.caption += " (+ = a companion: loaded by the variants themselves, prebuilt and built with the kind)"
+        for c, plain in kind_rows(k):
+            cells = [escape(x) for x in plain]
+            cells[0] = "✔" if c["chosen"] else plain[0]
             cells[4] = "[green]yes[/]" if c["available"] else "[red]no[/]"
             cells[5] = "[green]yes[/]" if c["compatible"] else "[red]no[/]"
             style = "bold green" if c["chosen"] else ("dim" if not c["accepted"] else None)

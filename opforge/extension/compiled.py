@@ -251,11 +251,16 @@ class CppExtension(CompiledExtension):
     backend = "cpp"
     devices = ("cpu",)
     isa: ClassVar[isa_mod.Isa] = isa_mod.PORTABLE
+    gpu_torch_only: ClassVar[bool] = False
+    """True for host code that only drives GPU kernels (a C++ autograd node over CUDA launches): where
+    torch has no CUDA or ROCm it is not offered, and an AOT build against such a torch leaves it out."""
 
     def compile_flags(self) -> list[str]:
         return [*self.isa.flags, *super().compile_flags()]
 
     def is_available(self, platform) -> Decision:
+        if self.gpu_torch_only and platform.torch_cuda is None and platform.torch_hip is None:
+            return Rejected(f"it drives GPU kernels, and torch {platform.torch_version} has no CUDA or ROCm")
         return self.isa.supports(platform)
 
 

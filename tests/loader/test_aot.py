@@ -70,6 +70,10 @@ def test_aot_wheel_has_every_x86_variant_and_a_build_record(aot_wheel):
     import torch
 
     assert info["torch"] == torch.__version__ and info["machine"] == os.uname().machine
+    if torch.version.cuda is None:  # the companions are asked for too, and said to be of no use with this torch
+        assert "block_sparse_decode_cuda (this torch has no CUDA)" in log
+        for node in ("bias_act_autograd", "block_sparse_autograd"):
+            assert f"{node} (it drives GPU kernels, and this torch has no CUDA or ROCm)" in log
 
 
 def test_aot_wheel_loads_prebuilt_in_a_fresh_venv_with_no_compiler(aot_wheel, tmp_path):

@@ -3,6 +3,7 @@ variant per CPU ISA for CPU tensors, then torch for any device. C++/CUDA ops tak
 one-layout tensors of ``compiled.py``; Triton and torch implement ``reference.py``'s contract."""
 
 from ...extension import CppExtension, CudaExtension, TorchExtension, TritonExtension
+from . import native_autograd  # noqa: F401  (registers the companion: the C++ autograd node)
 from .loader import BiasActLoader
 
 

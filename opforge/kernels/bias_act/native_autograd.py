@@ -8,7 +8,8 @@ a backward that builds a graph (``create_graph``) goes through the differentiabl
 ``opforge::bias_act_backward``, so second derivatives still work.
 
 It needs torch's C++ autograd API, which has no stable ABI: it is an extension of its own
-(lean headers, keyed by the torch version), built on first use beside the kernel variant. It
+(lean headers, keyed by the torch version), built on first use beside the kernel variant, or prebuilt
+by ``OPFORGE_BUILD=bias_act`` (a companion of the kind). It
 is used for the variants in ``DEVICES`` (CUDA: its build is seconds next to the CUDA variant's;
 a CPU build would add ~15 s to a cold start that is otherwise ~3 s), and only for calls it
 covers (``covers``); anything else, or a failed build (a warning, once), takes the Python
@@ -26,16 +27,19 @@ from ...notices import warn_once
 from .activations import Activation
 from .compiled import INDEX, KERNEL_DTYPES, REF_CODE, Compiled
 from .layout import clamp_as_stored
+from .loader import BiasActLoader
 
 
+@BiasActLoader.register_companion
 class BiasActAutograd(CppExtension):
-    """Not a variant of the ``bias_act`` kind (the loader doesn't list it): a companion the eager
-    path loads by itself."""
+    """Not a variant of the ``bias_act`` kind (the loader never chooses it): a companion the eager
+    path loads by itself, prebuilt and built with the kind."""
 
     name, kind = "bias_act_autograd", "bias_act"
     include_dirs = ("../common/csrc",)  # opforge_library.h
     sources = ("csrc/bias_act_autograd.cpp",)
     optimize = ("-O2",)
+    gpu_torch_only = True  # used for GPU tensors only (DEVICES); tests load it on the CPU by itself
     devices = ()  # its op takes the tensors of whichever variant it drives
 
 

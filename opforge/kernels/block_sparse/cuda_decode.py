@@ -11,8 +11,9 @@ rows cut between CTAs are summed with one trip to memory (``csrc/decode_cuda_ker
   ``OPFORGE_BLOCK_SPARSE_CUDA=0``, is not offered and the Triton kernels take the call.
 * **Built** on first use (a stable-ABI extension of its own, like ``native_autograd.py``'s, so one
   binary serves every torch from 2.10): the first decode call on an sm_90 GPU with an empty cache
-  waits for nvcc, about 11 s for each dtype's TU, the two built in parallel. A failed build warns
-  once, and the route goes on without it.
+  waits for nvcc, about 11 s for each dtype's TU, the two built in parallel; ``OPFORGE_BUILD=block_sparse``
+  at ``pip install`` prebuilds it (a companion of the kind). A failed build warns once, and the route goes
+  on without it.
 * **Chosen** by ``DECODE_ROUTE`` against the Triton kernels, its config (ring depth, CTAs an SM)
   tuned first, both kept in opforge's cache (``tuned_op.TunedOp``).
 * **Replayed from C++** as the Triton kernels are: after a call shape's first launch through the op,
@@ -38,6 +39,7 @@ from ...process import forgets
 from ..native_launch.recipe import Int, Map, Recipe, Struct, recipe_of_function
 from ..tuned_op import OpPlan, TunedOp
 from .buffers import split_counts, split_partials
+from .loader import BlockSparseLoader
 from .triton_sizing import bucket, depth
 
 MAX_TOKENS = 32
@@ -61,9 +63,10 @@ kernel before it (1: its prologue and first weight requests overlap that kernel'
 ``OPFORGE_BLOCK_SPARSE_OVERLAP=0`` keeps the ones without the overlap (and keys their choice apart)."""
 
 
+@BlockSparseLoader.register_companion
 class BlockSparseDecodeCuda(CudaExtension):
-    """Not a variant of the ``block_sparse`` kind (the loader doesn't list it): a companion the
-    Triton variant's decode route loads by itself."""
+    """Not a variant of the ``block_sparse`` kind (the loader never chooses it): a companion the
+    Triton variant's decode route loads by itself, prebuilt and built with the kind."""
 
     name, kind = "block_sparse_decode_cuda", "block_sparse"
     include_dirs = ("../common/csrc", "csrc")

@@ -3,6 +3,7 @@ bf16, fp32; anything else it hands to the torch path), then torch (gather + batc
 for any device, the reference the GPU kernels are checked against."""
 
 from ...extension import TorchExtension, TritonExtension
+from . import cuda_decode, native_autograd  # noqa: F401  (register the companions: the C++ autograd node, the CUDA decode kernel)
 from .loader import BlockSparseLoader
 
 

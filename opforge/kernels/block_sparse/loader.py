@@ -7,3 +7,4 @@ class BlockSparseLoader(KernelLoader):
     for the contract."""
 
     kind = "block_sparse"
+    uses = ("native_launch",)  # the Triton variant and the companions replay their launches from C++ through it

@@ -9,7 +9,8 @@ and friends, Python), which plan it for next time. A backward that builds a grap
 (``create_graph``) calls the differentiable custom ops, so every order of gradient still works.
 
 It needs torch's C++ autograd API, which has no stable ABI: an extension of its own (lean
-headers, keyed by the torch version), built on first use. Used for tensors on ``DEVICES``
+headers, keyed by the torch version), built on first use, or prebuilt by ``OPFORGE_BUILD=block_sparse`` (a
+companion of the kind: ``KernelLoader.register_companion``). Used for tensors on ``DEVICES``
 (CUDA; tests add ``cpu``, where the custom ops run the torch reference), and anything else, or a
 failed build (a warning, once), takes ``_Linear``, which computes the same.
 """
@@ -22,16 +23,19 @@ from ...extension import CppExtension
 from ...notices import warn_once
 from ...process import forgets
 from ..native_launch.table import native_namespace
+from .loader import BlockSparseLoader
 
 
+@BlockSparseLoader.register_companion
 class BlockSparseAutograd(CppExtension):
-    """Not a variant of the ``block_sparse`` kind (the loader doesn't list it): a companion the
-    eager path loads by itself."""
+    """Not a variant of the ``block_sparse`` kind (the loader never chooses it): a companion the
+    eager path loads by itself, prebuilt and built with the kind."""
 
     name, kind = "block_sparse_autograd", "block_sparse"
     include_dirs = ("../common/csrc",)  # opforge_library.h
     sources = ("csrc/block_sparse_autograd.cpp",)
     optimize = ("-O2",)
+    gpu_torch_only = True  # used for GPU tensors only (DEVICES); tests load it on the CPU by itself
     devices = ()  # its op takes the tensors of whichever variant runs the launches
 
 
