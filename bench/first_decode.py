@@ -3,13 +3,14 @@ empty opforge cache, opforge installed plainly (``jit``: the first GPU calls com
 variant, the C++ autograd node and the CUDA decode kernel) against opforge from a wheel built with
 ``OPFORGE_BUILD=block_sparse`` (``prebuilt``: all three in the package).
 
-    python bench/first_decode.py [--wheel W] [--repeat 2] [--json FILE]
+    python bench/first_decode.py [--wheel W] [--repeat 2] [--installs jit,prebuilt] [--tritons cold,warm] [--json FILE]
 
 Without ``--wheel`` the wheel of this checkout is built first (timed). It is installed into a venv that
 borrows this interpreter's torch and triton; ``jit`` runs this interpreter's opforge, which must hold no
 prebuilt kernels. Each run is a new process with an empty ``OPFORGE_CACHE_DIR`` (so the decode route
 tunes in both) and Triton's cache either empty (``triton cold``) or filled by a run before (``triton
-warm``), so the part the prebuilt companions remove is seen apart from Triton's own compiles.
+warm``), so the part the prebuilt companions remove is seen apart from Triton's own compiles. The
+environment passes to each run: ``OPFORGE_TRITON_COMPILE_THREADS=1`` compiles a tuning's configs in turn.
 
 A run times, each to a synchronized GPU: importing torch and opforge; ``parts`` (a run of its own, with
 Triton's cache cold only: it launches no Triton kernel) the loads of the three extensions alone; ``e2e`` a layer's first forward at T=1, its first at T=16, a training
@@ -118,29 +119,39 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--wheel", help="a wheel built with OPFORGE_BUILD=block_sparse (default: build one)")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--installs", default="jit,prebuilt", help="which installs to run (jit, prebuilt)")
+    ap.add_argument("--tritons", default="cold,warm", help="Triton's cache states to run (cold, warm)")
     ap.add_argument("--json", help="write the runs here")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="first-decode-")
-    wheel, build_s = (args.wheel, None) if args.wheel else build_wheel(work)
-    installs = {"jit": sys.executable, "prebuilt": venv_with(work, wheel)}
+    wheel, build_s = (args.wheel, None) if args.wheel or args.installs == "jit" else build_wheel(work)
+    wanted = args.installs.split(",")
+    installs = {k: v for k, v in (("jit", sys.executable), ("prebuilt", "venv")) if k in wanted}
+    if "prebuilt" in installs:
+        installs["prebuilt"] = venv_with(work, wheel)
+    tritons = [t for t in ("cold", "warm") if t in args.tritons.split(",")]
     runs = []
     for i in range(args.repeat):
-        for triton in ("cold", "warm"):
+        for triton in tritons:
             for install, py in installs.items():
                 tcache = os.path.join(work, f"triton-{install}-{i}")
-                if triton == "cold":
+                if triton == "cold" or not os.path.isdir(tcache):  # warm: after a cold run, or one to fill it
                     shutil.rmtree(tcache, ignore_errors=True)
+                    if triton == "warm":
+                        child(py, "e2e", work, tcache)
                 for what in ("parts", "e2e") if triton == "cold" else ("e2e",):  # parts: Triton's cache unused
                     r = child(py, what, work, tcache)
                     runs.append({"install": install, "triton": triton, "what": what, **r})
                     print(json.dumps(runs[-1]), flush=True)
     keys = ["import", "native_launch_cpp", "block_sparse_autograd", "block_sparse_decode_cuda", "first T=1",
             "first T=16", "train T=64", "second T=1", "process"]
-    print(f"\nwheel build (OPFORGE_BUILD=block_sparse): {build_s:.1f} s" if build_s else f"\nwheel: {wheel}")
+    threads = os.environ.get("OPFORGE_TRITON_COMPILE_THREADS", "default")
+    print(f"\nOPFORGE_TRITON_COMPILE_THREADS={threads}; " +
+          (f"wheel build (OPFORGE_BUILD=block_sparse): {build_s:.1f} s" if build_s else f"wheel: {wheel}"))
     print("| install | triton cache | " + " | ".join(keys) + " |")
     print("|---|---|" + "---:|" * len(keys))
     for install in installs:
-        for triton in ("cold", "warm"):
+        for triton in tritons:
             cells = []
             for k in keys:
                 vals = [r[k] for r in runs if r["install"] == install and r["triton"] == triton and k in r
@@ -149,7 +160,7 @@ def main() -> None:
             print(f"| {install} | {triton} | " + " | ".join(cells) + " |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"wheel_build_s": build_s, "runs": runs}, f, indent=1)
+            json.dump({"wheel_build_s": build_s, "compile_threads": threads, "runs": runs}, f, indent=1)
 
 
 if __name__ == "__main__":

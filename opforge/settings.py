@@ -102,6 +102,10 @@ class Settings:
     """``OPFORGE_TRITON_TUNING``: ``auto`` (a Triton kernel times its candidate configs once per shape
     class and keeps the winner in the cache, ``kernels/tuning.py``) or ``off`` (the first config
     that fits, untimed: no tuning at start-up, maybe slower kernels)."""
+    triton_compile_threads: int | None = None
+    """``OPFORGE_TRITON_COMPILE_THREADS``: threads that compile a tuning's candidate configs at once before
+    they are timed (``kernels/triton_launch.py``); ``1`` compiles each in turn as it is timed. Default (unset,
+    or not a positive number): the CPUs this process may use, at most 16."""
     triton_direct: bool = True
     """``OPFORGE_TRITON_DIRECT``: ``0`` sends every Triton launch through triton's own ``kernel[grid](...)``
     path instead of the compiled kernel's launcher (``kernels/triton_launch.py``; read once per process)."""
@@ -305,6 +309,7 @@ def current(env: Mapping[str, str] | None = None) -> Settings:
         cuda_device_order=env.get("CUDA_DEVICE_ORDER"),
         fallback_notice=(env.get("OPFORGE_FALLBACK_NOTICE") or "1").strip().lower() not in ("0", "false", "no", "off"),
         triton_tuning=_tuning(env.get("OPFORGE_TRITON_TUNING")),
+        triton_compile_threads=_max_jobs((env.get("OPFORGE_TRITON_COMPILE_THREADS") or "").strip() or None),
         triton_direct=(env.get("OPFORGE_TRITON_DIRECT") or "1").strip().lower() not in ("0", "false", "no", "off"),
         native_launch=(env.get("OPFORGE_NATIVE_LAUNCH") or "1").strip().lower() not in ("0", "false", "no", "off"),
         block_sparse_cuda=(env.get("OPFORGE_BLOCK_SPARSE_CUDA") or "1").strip().lower() not in ("0", "false", "no", "off"),

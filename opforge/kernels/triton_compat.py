@@ -6,6 +6,8 @@ evaluated, so ``tl.constexpr`` in a signature needs no stand-in."""
 
 from __future__ import annotations
 
+import inspect
+
 try:
     import triton
     import triton.language as tl
@@ -30,4 +32,27 @@ except ImportError:
     def jit(fn):
         return fn
 
-__all__ = ["INTERPRETED", "TensorDescriptor", "gdc_launch_dependents", "gdc_wait", "jit", "tl", "triton"]
+
+
+def async_compile_mode():
+    """triton's ``AsyncCompileMode`` (``triton.runtime._async_compile``, private; triton 3.6 has it with
+    ``ignore_errors``): within ``with mode(executor, ignore_errors=True)``, a kernel's ``warmup`` hands its
+    compile to the executor, and the mode waits for every compile as it closes (a failed one left out).
+    None where triton is missing or runs kernels in its interpreter, or the module or its argument isn't
+    there: callers then compile in turn (``triton_launch.TunedKernel._precompile``; the test:
+    tests/kernels/test_triton_compile_threads.py)."""
+    if triton is None or INTERPRETED.value:
+        return None
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:
+        return None
+    try:
+        inspect.signature(AsyncCompileMode).bind(None, ignore_errors=True)
+    except TypeError:
+        return None
+    return AsyncCompileMode
+
+
+__all__ = ["INTERPRETED", "TensorDescriptor", "async_compile_mode", "gdc_launch_dependents", "gdc_wait", "jit", "tl",
+           "triton"]

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import threading
 import weakref
 from collections.abc import Callable
@@ -39,7 +40,7 @@ import torch
 from .. import settings
 from ..process import forgets
 from .native_launch.recipe import recipe_of
-from .triton_compat import TensorDescriptor, triton
+from .triton_compat import TensorDescriptor, async_compile_mode, triton
 from .triton_tma import Described, RawLauncher, described
 from .tuning import TuningStore, fingerprint
 
@@ -206,6 +207,7 @@ class TunedKernel:
     def _timed(self, kept: list, trial, device: int, stand_ins) -> tuple[Choice, float] | None:
         """The fastest of ``kept`` and its time: with ``stand_ins`` under graph replay (None if that
         can't time one of them), else with ``_time``."""
+        self._precompile(kept, trial, device)
         best, best_ms, first_error = None, math.inf, None
         for choice in kept:
             grid, args = trial(choice)
@@ -225,6 +227,36 @@ class TunedKernel:
         if best is None:
             raise first_error
         return best, best_ms
+
+    def _precompile(self, kept: list, trial, device: int) -> None:
+        """Compile the candidates not compiled yet all at once, on threads, before ``_timed`` times them one
+        by one (a first tuning otherwise waits for each compile in turn: issue 35's first contact). Uses
+        triton's async compile mode (``compile_mode``); without it, or with one thread
+        (``OPFORGE_TRITON_COMPILE_THREADS=1``), the timing loop compiles each as it goes, as before. A
+        candidate that fails to compile here fails again in the loop, which skips it as before."""
+        threads = compile_threads(len(kept))
+        mode = async_compile_mode() if threads > 1 else None
+        if mode is None or not isinstance(self.fn, triton.runtime.JITFunction):
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        with torch.cuda.device(device), ThreadPoolExecutor(threads, thread_name_prefix="opforge-compile") as pool, \
+                mode(pool, ignore_errors=True):
+            for choice in kept:
+                try:
+                    grid, args = trial(choice)
+                    args = described(args)
+                    if self.compiled(choice, args, device) is None:
+                        self.fn.warmup(*args, grid=grid, **choice.kwargs, **self._options(choice, args))
+                except Exception:  # noqa: BLE001 - as in the loop: a candidate that can't compile is skipped there
+                    continue
+
+    def _options(self, choice: Choice, args: tuple) -> dict:
+        """triton's launch options for ``choice``: warps, stages, and PDL for a dependent launch."""
+        options = {"num_warps": choice.num_warps, "num_stages": choice.num_stages}
+        if self._dependent is not None and args[self._dependent]:
+            options["launch_pdl"] = True
+        return options
 
     # -- the launch --
 
@@ -249,9 +281,7 @@ class TunedKernel:
         return self._compiled.get((choice.index, device, self.spec(args)))
 
     def _jit_launch(self, choice: Choice, grid: tuple, args: tuple, device: int) -> None:
-        options = {"launch_pdl": True} if self._dependent is not None and args[self._dependent] else {}
-        compiled = self.fn[grid](*args, **choice.kwargs, num_warps=choice.num_warps, num_stages=choice.num_stages,
-                                 **options)
+        compiled = self.fn[grid](*args, **choice.kwargs, **self._options(choice, args))
         if compiled is not None and hasattr(compiled, "result"):  # an async compile's future
             compiled = compiled.result()
         if all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
@@ -318,6 +348,19 @@ def _stream(device: int):
 
 
 _STREAM: list = []
+def compile_threads(candidates: int) -> int:
+    """Threads to compile ``candidates`` configs at once: ``OPFORGE_TRITON_COMPILE_THREADS``, else the CPUs
+    this process may use, at most 16; never more than the candidates.
+
+    >>> compile_threads(1)
+    1
+    """
+    n = settings.current().triton_compile_threads
+    if n is None:
+        n = min(16, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    return max(1, min(n, candidates))
+
+
 _DIRECT: list = []
 
 
