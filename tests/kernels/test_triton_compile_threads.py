@@ -141,3 +141,46 @@ def test_on_a_gpu_the_configs_compile_on_the_pools_threads_and_the_timing_compil
     assert len(compiled_on) == len(configs)  # the timing loop found every one compiled
     k.launch(choice, *trial(choice), device)
     torch.testing.assert_close(y, 2 * x)
+
+
+class ScopeTuner(TunedKernel):
+    """A FakeJit tuner whose facts, times and launches need no GPU."""
+
+    def _facts(self, device):
+        return "triton-x", "Fake GPU", (9, 0)
+
+    def _time(self, fn):
+        fn()
+        return {16: 2.0, 32: 1.0}[self._last]
+
+    def launch(self, choice, grid, args, device):
+        self._last = choice.kwargs["BLOCK"]
+
+
+def test_inside_compiling_ahead_a_choice_starts_compiles_and_tunes_nothing(monkeypatch, tmp_path):
+    """``decode_route``'s first pass: each kernel's untuned candidates go to one pool, its first candidate comes
+    back untimed and unremembered; the pass after the scope tunes, and nothing is left to compile."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("OPFORGE_TRITON_TUNING", "auto")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # CPU torch has no CUDA
+    FakeMode.entered.clear()
+    _, fn = fake_kernel(monkeypatch, "4")
+    configs = [types.SimpleNamespace(kwargs={"BLOCK": b}, num_warps=4, num_stages=2) for b in (16, 32)]
+    k = ScopeTuner("fake_scope", fn, configs)
+    other = ScopeTuner("fake_scope_other", FakeJit(), configs)
+    trial = lambda c: ((1,), (torch.zeros(1), 0))  # noqa: E731
+    assert triton_launch.can_compile_ahead()
+    with triton_launch.compiling_ahead(-1):
+        with triton_launch.compiling_ahead(-1):  # nested: the outer scope stays the one
+            assert k.choose(("a",), -1, trial, lambda c: True).kwargs["BLOCK"] == 16  # untimed
+        assert other.choose(("a",), -1, trial, lambda c: True).kwargs["BLOCK"] == 16
+    assert FakeMode.entered == [("ThreadPoolExecutor", True)]  # one pool for both kernels
+    assert len(fn.warmups) == 2 and len(other.fn.warmups) == 2 and k.tuning_runs == other.tuning_runs == 0
+    assert k.choose(("a",), -1, trial, lambda c: True).kwargs["BLOCK"] == 32  # after it: tuned
+    assert k.tuning_runs == 1
+    monkeypatch.setenv("OPFORGE_TRITON_COMPILE_THREADS", "1")
+    assert not triton_launch.can_compile_ahead()
+    monkeypatch.setenv("OPFORGE_TRITON_COMPILE_THREADS", "4")
+    monkeypatch.setenv("OPFORGE_TRITON_TUNING", "off")
+    assert not triton_launch.can_compile_ahead()  # nothing would be compiled ahead: no first pass

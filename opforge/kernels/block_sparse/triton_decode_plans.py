@@ -8,7 +8,7 @@ Without triton installed this module still imports (``triton_compat.py``).
 
 from __future__ import annotations
 
-from .. import graph_timing
+from .. import graph_timing, triton_launch
 from . import cuda_decode
 from .triton_plans import _CUDA, _DECODE, _PLAIN, _SPLIT, _UNCUT, DECODE_ROUTE, _fwd_prefix, _plan, _routed
 from .triton_sizing import (
@@ -58,14 +58,24 @@ def decode_route(x, w, b, y, cols, row_ptr, rows, out_features, has_bias, sms, k
     """The decode plan, the uncut plan, the pointer plan or (where offered) the CUDA kernel's plan,
     whichever ``DECODE_ROUTE`` found fastest for this size class. Each config and then each plan is
     timed under graph replay on stand-ins for ``w`` past L2, as a model's layers run
-    (``graph_timing``): do_bench's flush and lone launch hid the overlap between layers."""
+    (``graph_timing``): do_bench's flush and lone launch hid the overlap between layers. A first call
+    plans twice: once inside ``triton_launch.compiling_ahead``, which starts every untuned candidate's
+    compile at once and tunes nothing, then for real, with nothing left to compile."""
     stand_ins = graph_timing.StandIns(w, device_facts(x.device)[1])
-    plans = {"decode": _decode_plan(x, w, b, y, cols, row_ptr, rows, out_features, has_bias, sms, stand_ins),
-             "uncut": _uncut_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms, stand_ins),
-             "pointer": pointer_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, key, stand_ins)}
     bias = b if has_bias else None
-    if cuda_decode.offered(x, w, bias):
-        plans["cuda"] = cuda_decode.plan(x, w, bias, y, cols, row_ptr, out_features, _CUDA, stand_ins)
+
+    def planned() -> dict:
+        plans = {"decode": _decode_plan(x, w, b, y, cols, row_ptr, rows, out_features, has_bias, sms, stand_ins),
+                 "uncut": _uncut_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, sms, stand_ins),
+                 "pointer": pointer_plan(x, w, b, y, cols, row_ptr, out_features, has_bias, key, stand_ins)}
+        if cuda_decode.offered(x, w, bias):
+            plans["cuda"] = cuda_decode.plan(x, w, bias, y, cols, row_ptr, out_features, _CUDA, stand_ins)
+        return plans
+
+    if triton_launch.can_compile_ahead():  # the three kernels' untuned candidates compile at once, then are tuned
+        with triton_launch.compiling_ahead(x.device.index):
+            planned()
+    plans = planned()
     return _routed(DECODE_ROUTE, "route", plans, x, w, b, y, cols, row_ptr, out_features, has_bias,
                    (*key, decode_start(x.device)[1]), rows, stand_ins)
 
