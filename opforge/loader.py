@@ -158,11 +158,6 @@ class KernelLoader:
         if not (isinstance(ext_cls, type) and issubclass(ext_cls, Extension)):
             raise TypeError(f"{cls.__name__}.register_extension takes a subclass of opforge.Extension, or a class "
                             f"written the ColossalAI way (with sources_files() and cxx_flags()), not {ext_cls!r}")
-        if not ext_cls.kind:
-            ext_cls.kind = cls.kind
-        if ext_cls.kind != cls.kind:
-            raise TypeError(f"{ext_cls.__qualname__} is of kind {ext_cls.kind!r}; register it with the "
-                            f"loader of that kind, not {cls.__name__} ({cls.kind!r})")
         cls._enter(ext_cls, cls._extensions)
         return ext_cls
 
@@ -174,17 +169,18 @@ class KernelLoader:
         ``opforge build <kind>`` and listed by ``opforge report``, so its first use compiles nothing either."""
         if not (isinstance(ext_cls, type) and issubclass(ext_cls, Extension)):
             raise TypeError(f"{cls.__name__}.register_companion takes a subclass of opforge.Extension, not {ext_cls!r}")
-        if not ext_cls.kind:
-            ext_cls.kind = cls.kind
-        if ext_cls.kind != cls.kind:
-            raise TypeError(f"{ext_cls.__qualname__} is of kind {ext_cls.kind!r}; register it with the "
-                            f"loader of that kind, not {cls.__name__} ({cls.kind!r})")
         cls._enter(ext_cls, cls._companions)
         return ext_cls
 
     @classmethod
     def _enter(cls, ext_cls, into: list) -> None:
-        """Validate ``ext_cls`` and register its name (unique across kinds, variants and companions alike)."""
+        """Give ``ext_cls`` this kind (or refuse another), validate it and register its name (unique across
+        kinds, variants and companions alike)."""
+        if not ext_cls.kind:
+            ext_cls.kind = cls.kind
+        if ext_cls.kind != cls.kind:
+            raise TypeError(f"{ext_cls.__qualname__} is of kind {ext_cls.kind!r}; register it with the "
+                            f"loader of that kind, not {cls.__name__} ({cls.kind!r})")
         ext_cls.validate()
         _own_kernels_first(ext_cls.__module__)
         with _REGISTRY_LOCK:
