@@ -33,7 +33,6 @@ except ImportError:
         return fn
 
 
-
 def async_compile_mode():
     """triton's ``AsyncCompileMode`` (``triton.runtime._async_compile``, private; triton 3.6 has it with
     ``ignore_errors``): within ``with mode(executor, ignore_errors=True)``, a kernel's ``warmup`` hands its

@@ -11,7 +11,9 @@ that was most of the call's host time (issue 21). Here:
   allows with ``triton.testing.do_bench`` on the call's own arguments, as ``triton.autotune``
   does. Under CUDA graph capture nothing can be timed: the first kept candidate runs, and the
   key is tuned at its next call outside a capture. ``OPFORGE_TRITON_TUNING=off``: the first
-  candidate that fits, untimed.
+  candidate that fits, untimed. Before a tuning times its candidates, those not compiled yet are
+  compiled at once on a thread pool (``_precompile``; ``compiling_ahead`` does it for several
+  kernels together), where a first tuning used to wait for each compile in turn.
 * **The compiled kernel** of a (config, device, argument specialization) is kept once the JIT
   has built it (the first call goes through ``fn[grid](...)``), and later calls launch it
   through its own launcher (``CompiledKernel.run``, the call ``JITFunction.run`` makes at its
