@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from ..compat import tf32_reader
 from ..kernels import triton_launch
 from ..kernels.block_sparse import native_autograd
 from ..kernels.block_sparse.layout import BlockSparseLayout
@@ -219,7 +220,7 @@ def block_sparse_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | N
         if node is not None:
             tables, ns = native_autograd.tables(kernel)
             y = node(x2.contiguous(), w.contiguous(), None if bias is None else bias.contiguous(), *idx, out_features,
-                     x.dtype is torch.float32 and _MATMUL.allow_tf32, tables, ns)
+                     x.dtype is torch.float32 and _TF32(), tables, ns)
         else:
             y = _Linear.apply(x2.contiguous(), w.contiguous(), None if bias is None else bias.contiguous(), idx,
                               out_features, kernel)
@@ -237,7 +238,8 @@ _KERNEL, _FUNCTION, _OP = 0, 1, 2
 _NATIVE: list = [None]
 """The CUDA kernel's table of forward launches replayed from C++ (``NATIVE_FORWARD``, a
 ``kernels.native_launch.NativeTable``), once a call has gone to that kernel."""
-_MATMUL = torch.backends.cuda.matmul
+_TF32 = tf32_reader()
+"""Reads ``torch.backends.cuda.matmul.allow_tf32`` (``compat.tf32_reader``)."""
 
 
 @forgets
@@ -270,7 +272,7 @@ def _replayed(call, x, w, bias, layout):
     idx = layout.indices(x.device)
     x2 = x if x.ndim == 2 else x.reshape(-1, in_features)
     got = call(x2, w, bias, idx.cols, idx.row_ptr, idx.rows, out_features,
-               x.dtype is torch.float32 and _MATMUL.allow_tf32)
+               x.dtype is torch.float32 and _TF32())
     if not got:
         return None
     return got[0] if x.ndim == 2 else got[0].view(*x.shape[:-1], out_features)

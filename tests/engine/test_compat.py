@@ -84,3 +84,24 @@ def test_the_one_version_parser_reads_torch_and_tools():
         assert "MAJOR.MINOR" in str(exc)
     else:
         raise AssertionError("a version without numbers must be refused")
+
+
+def test_the_tf32_reader_follows_the_setting_and_falls_back_to_the_property(monkeypatch):
+    import torch
+
+    from opforge.compat import tf32_reader
+
+    read = tf32_reader()
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for value in (True, False):
+            torch.backends.cuda.matmul.allow_tf32 = value
+            assert read() is value and read() == torch.backends.cuda.matmul.allow_tf32
+        monkeypatch.setattr(compat, "_TF32_GETTER", "_no_such_getter")  # a torch without the private getter
+        fallback = tf32_reader()
+        assert fallback is not read
+        for value in (True, False):
+            torch.backends.cuda.matmul.allow_tf32 = value
+            assert fallback() is value
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before

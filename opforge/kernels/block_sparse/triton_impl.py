@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import torch
 
+from ...compat import tf32_reader
 from ...process import forgets
 from .. import triton_launch
 from ..native_launch import NativeTable
@@ -81,7 +82,7 @@ from .triton_sizing import (
 
 
 def forward(x, w, bias, rows, cols, row_ptr, out_features: int):
-    tf32 = x.dtype is _F32 and _MATMUL.allow_tf32
+    tf32 = x.dtype is _F32 and _TF32()
     native = _NATIVE_FWD.call
     if native is not None and triton_launch.direct():
         got = native(x, w, bias, cols, row_ptr, rows, out_features, tf32)
@@ -142,7 +143,7 @@ def _forward_plan(x, w, bias, cols, row_ptr, rows, out_features):
 
 
 def grad_input(dy, w, rows, cols, col_ptr, col_order, in_features: int):
-    tf32 = dy.dtype is _F32 and _MATMUL.allow_tf32
+    tf32 = dy.dtype is _F32 and _TF32()
     native = _NATIVE_DX.call
     if native is not None and triton_launch.direct():
         got = native(dy, w, rows, col_ptr, col_order, None, in_features, tf32)
@@ -214,7 +215,7 @@ def grad_weight_bias(dy, x, rows, cols, row_ptr, bh: int, bw: int):
 
 
 def _grad_weight(dy, x, rows, cols, row_ptr, bh, bw, with_db: bool):
-    tf32 = x.dtype is _F32 and _MATMUL.allow_tf32
+    tf32 = x.dtype is _F32 and _TF32()
     native = _NATIVE_DW.call
     if native is not None and triton_launch.direct():
         got = native(dy, x, cols, row_ptr, rows, None, bh << 16 | bw, 2 * with_db + tf32)
@@ -293,9 +294,10 @@ NATIVE_FORWARD, NATIVE_INPUT_GRAD, NATIVE_WEIGHT_GRAD = _NATIVE_FWD, _NATIVE_DX,
 whose inputs match a defined recipe's key is one op call; anything else plans here. The keys
 (inputs' shapes, strides, dtypes, alignment, the tf32 flag, the device and stream) cover what
 the plan keys above do."""
-_F32, _MATMUL = torch.float32, torch.backends.cuda.matmul
-"""The plan keys' TF32 flag, ``x.dtype is _F32 and _MATMUL.allow_tf32``, inlined (a call less per
-launch): fp32 follows ``allow_tf32`` as ``triton_sizing.precision`` does."""
+_F32, _TF32 = torch.float32, tf32_reader()
+"""The plan keys' TF32 flag, ``x.dtype is _F32 and _TF32()`` (``torch.backends.cuda.matmul.allow_tf32``,
+read by torch's own getter: ``compat.tf32_reader``), inlined: fp32 follows ``allow_tf32`` as
+``triton_sizing.precision`` does."""
 
 
 def forget_plans() -> None:
