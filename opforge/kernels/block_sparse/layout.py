@@ -171,6 +171,10 @@ class BlockSparseLayout:
 
     def indices(self, device: torch.device | str = "cpu") -> Indices:
         """The kernels' indices on ``device``, built once per device."""
+        if type(device) is torch.device:  # a tensor's .device (every call's path): no new device object
+            found = self._indices.get(device)
+            if found is not None:
+                return found
         device = torch.device(device)
         found = self._indices.get(device)
         if found is None and torch.compiler.is_compiling():
