@@ -40,7 +40,8 @@ def main() -> None:
             t = per_call_us(lambda: ops._replayed(lambda *a: out, x, m.weight_blocks, None, m.layout))  # noqa: B023
         print(f"  _replayed, {str(dtype)[6:]}: {t:.2f}")
     print(f"  layout.indices(x.device): {per_call_us(lambda: m.layout.indices(x.device)):.3f}")
-    print(f"  the TF32 flag, compat.tf32_reader: {per_call_us(ops._TF32):.3f}")
+    if hasattr(ops, "_TF32"):  # (an older checkout, for a before/after, has none)
+        print(f"  the TF32 flag, compat.tf32_reader: {per_call_us(ops._TF32):.3f}")
     print(f"  the TF32 flag, torch.backends.cuda.matmul.allow_tf32: "
           f"{per_call_us(lambda: torch.backends.cuda.matmul.allow_tf32):.3f}")
 
