@@ -136,8 +136,8 @@ _TF32_GETTER = "_get_cublas_allow_tf32"
 def tf32_reader():
     """A callable that reads ``torch.backends.cuda.matmul.allow_tf32`` as it is now, for the per-call paths
     of the fp32 kernels. That is torch's own getter, ``torch._C._get_cublas_allow_tf32``, where it exists:
-    it is private, and 13x cheaper than the property, whose ``__getattr__`` compares names first (0.06
-    against 0.83 µs a read on the 2-core dev machine). Else the property (tests/engine/test_compat.py checks
+    it is private, and 13x cheaper than the property, whose ``__getattr__`` compares names first (0.04
+    against 0.53 µs a read on the 2-core dev machine: bench/block_sparse_replay_python.py). Else the property (tests/engine/test_compat.py checks
     that the two agree)."""
     import torch
 
