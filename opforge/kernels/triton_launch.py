@@ -12,8 +12,8 @@ that was most of the call's host time (issue 21). Here:
   does. Under CUDA graph capture nothing can be timed: the first kept candidate runs, and the
   key is tuned at its next call outside a capture. ``OPFORGE_TRITON_TUNING=off``: the first
   candidate that fits, untimed. Before a tuning times its candidates, those not compiled yet are
-  compiled at once on a thread pool (``_precompile``; ``compiling_ahead`` does it for several
-  kernels together), where a first tuning used to wait for each compile in turn.
+  compiled at once on a thread pool (``_precompile``; ``compile_ahead.compiling_ahead`` does it for
+  several kernels together), where a first tuning used to wait for each compile in turn.
 * **The compiled kernel** of a (config, device, argument specialization) is kept once the JIT
   has built it (the first call goes through ``fn[grid](...)``), and later calls launch it
   through its own launcher (``CompiledKernel.run``, the call ``JITFunction.run`` makes at its
@@ -29,11 +29,8 @@ that was most of the call's host time (issue 21). Here:
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import inspect
 import math
-import os
 import threading
 import weakref
 from collections.abc import Callable
@@ -43,8 +40,9 @@ import torch
 
 from .. import settings
 from ..process import forgets
+from . import compile_ahead
 from .native_launch.recipe import recipe_of
-from .triton_compat import TensorDescriptor, async_compile_mode, triton
+from .triton_compat import TensorDescriptor, triton
 from .triton_tma import Described, RawLauncher, described
 from .tuning import TuningStore, fingerprint
 
@@ -166,7 +164,7 @@ class TunedKernel:
         if index is not None and 0 <= index < len(self.choices):
             self.store_hits += 1
             found = self.choices[index]
-        elif _AHEAD.get() is not None:  # a pass that only starts compiles (compiling_ahead): remember nothing
+        elif compile_ahead.active():  # a pass that only starts compiles (compiling_ahead): remember nothing
             self._submit(kept, trial, device)
             return kept[0]
         else:
@@ -238,16 +236,16 @@ class TunedKernel:
     def _precompile(self, kept: list, trial, device: int) -> None:
         """Compile the candidates not compiled yet all at once, on threads, before ``_timed`` times them one
         by one (a first tuning otherwise waits for each compile in turn: issue 35's first contact). Uses
-        triton's async compile mode (``compiling_ahead``); without it, or with one thread
+        triton's async compile mode (``compile_ahead.compiling_ahead``); without it, or with one thread
         (``OPFORGE_TRITON_COMPILE_THREADS=1``), the timing loop compiles each as it goes, as before. A
         candidate that fails to compile here fails again in the loop, which skips it as before."""
-        if isinstance(self.fn, _jit_function()):
-            with compiling_ahead(device, len(kept)):
+        if isinstance(self.fn, compile_ahead.jit_function()):
+            with compile_ahead.compiling_ahead(device, len(kept)):
                 self._submit(kept, trial, device)
 
     def _submit(self, kept: list, trial, device: int) -> None:
         """Hand each candidate not compiled yet to the open ``compiling_ahead`` scope (nothing without one)."""
-        if _AHEAD.get() is None or not isinstance(self.fn, _jit_function()):
+        if not compile_ahead.active() or not isinstance(self.fn, compile_ahead.jit_function()):
             return
         with torch.cuda.device(device):
             for choice in kept:
@@ -356,57 +354,6 @@ def _stream(device: int):
 
 
 _STREAM: list = []
-_AHEAD: contextvars.ContextVar = contextvars.ContextVar("opforge_compiling_ahead", default=None)
-"""The open ``compiling_ahead`` scope's async compile mode, or None."""
-
-
-def _jit_function():
-    return getattr(getattr(triton, "runtime", None), "JITFunction", ())
-
-
-def can_compile_ahead() -> bool:
-    """Would compiling ahead help here: tuning on (else nothing is compiled ahead), triton's async compile
-    mode, and more than one thread?"""
-    return settings.current().triton_tuning != "off" and async_compile_mode() is not None and compile_threads(2) > 1
-
-
-@contextlib.contextmanager
-def compiling_ahead(device: int, candidates: int = 64):
-    """A scope in which Triton compiles go to a thread pool at once, and which waits for them all as it
-    closes. Within it, a ``TunedKernel.choose`` that would tune instead hands its candidates' compiles to
-    the pool and returns its first candidate untimed, remembering nothing; so a caller that plans several
-    kernels once inside it and again after it (``triton_decode_plans.decode_route``) has every candidate
-    of every kernel compiled at once, and then tunes them in turn with nothing left to compile. Nested, or
-    where compiles can't run at once (``can_compile_ahead``), it does nothing, and tuning happens inside."""
-    threads = compile_threads(candidates)
-    mode = async_compile_mode() if threads > 1 else None
-    if mode is None or _AHEAD.get() is not None:
-        yield
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    with torch.cuda.device(device), ThreadPoolExecutor(threads, thread_name_prefix="opforge-compile") as pool, \
-            mode(pool, ignore_errors=True) as active:
-        token = _AHEAD.set(active)
-        try:
-            yield
-        finally:
-            _AHEAD.reset(token)
-
-
-def compile_threads(candidates: int) -> int:
-    """Threads to compile ``candidates`` configs at once: ``OPFORGE_TRITON_COMPILE_THREADS``, else the CPUs
-    this process may use, at most 16; never more than the candidates.
-
-    >>> compile_threads(1)
-    1
-    """
-    n = settings.current().triton_compile_threads
-    if n is None:
-        n = min(16, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    return max(1, min(n, candidates))
-
-
 _DIRECT: list = []
 
 

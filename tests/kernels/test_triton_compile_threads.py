@@ -1,5 +1,5 @@
 """A tuning's candidate configs compiled at once, on threads, before they are timed
-(``TunedKernel._precompile``, through triton's async compile mode): the thread count, the fallback to
+(``kernels/compile_ahead.py``, ``TunedKernel._precompile``, through triton's async compile mode): the thread count, the fallback to
 compiling in turn, the options each compile gets, and on a GPU, real compiles on the pool's threads
 that the timing loop then finds done."""
 
@@ -12,9 +12,10 @@ import types
 import pytest
 import torch
 
-from opforge.kernels import triton_launch
+from opforge.kernels import compile_ahead
+from opforge.kernels.compile_ahead import compile_threads
 from opforge.kernels.triton_compat import jit, tl
-from opforge.kernels.triton_launch import TunedKernel, compile_threads
+from opforge.kernels.triton_launch import TunedKernel
 
 
 @jit
@@ -68,8 +69,8 @@ def fake_kernel(monkeypatch, threads: str):
     import triton  # noqa: F401  (the module's ``triton.runtime.JITFunction`` is patched below)
 
     monkeypatch.setenv("OPFORGE_TRITON_COMPILE_THREADS", threads)
-    monkeypatch.setattr(triton_launch, "async_compile_mode", lambda: FakeMode)
-    monkeypatch.setattr(triton_launch, "triton", types.SimpleNamespace(runtime=types.SimpleNamespace(JITFunction=FakeJit)))
+    monkeypatch.setattr(compile_ahead, "async_compile_mode", lambda: FakeMode)
+    monkeypatch.setattr(compile_ahead, "triton", types.SimpleNamespace(runtime=types.SimpleNamespace(JITFunction=FakeJit)))
     fn = FakeJit()
     configs = [types.SimpleNamespace(kwargs={"BLOCK": b}, num_warps=w, num_stages=2) for b in (16, 32) for w in (4, 8)]
     return TunedKernel("fake", fn, configs, dependent="OVERLAP"), fn
@@ -102,7 +103,7 @@ def test_one_thread_or_no_async_mode_compiles_nothing_ahead(monkeypatch):
     k._precompile(k.choices, lambda c: ((1,), (torch.zeros(1), 0)), None)
     assert fn.warmups == []
     k, fn = fake_kernel(monkeypatch, "4")
-    monkeypatch.setattr(triton_launch, "async_compile_mode", lambda: None)
+    monkeypatch.setattr(compile_ahead, "async_compile_mode", lambda: None)
     k._precompile(k.choices, lambda c: ((1,), (torch.zeros(1), 0)), None)
     assert fn.warmups == []
 
@@ -170,9 +171,9 @@ def test_inside_compiling_ahead_a_choice_starts_compiles_and_tunes_nothing(monke
     k = ScopeTuner("fake_scope", fn, configs)
     other = ScopeTuner("fake_scope_other", FakeJit(), configs)
     trial = lambda c: ((1,), (torch.zeros(1), 0))  # noqa: E731
-    assert triton_launch.can_compile_ahead()
-    with triton_launch.compiling_ahead(-1):
-        with triton_launch.compiling_ahead(-1):  # nested: the outer scope stays the one
+    assert compile_ahead.can_compile_ahead()
+    with compile_ahead.compiling_ahead(-1):
+        with compile_ahead.compiling_ahead(-1):  # nested: the outer scope stays the one
             assert k.choose(("a",), -1, trial, lambda c: True).kwargs["BLOCK"] == 16  # untimed
         assert other.choose(("a",), -1, trial, lambda c: True).kwargs["BLOCK"] == 16
     assert FakeMode.entered == [("ThreadPoolExecutor", True)]  # one pool for both kernels
@@ -180,7 +181,7 @@ def test_inside_compiling_ahead_a_choice_starts_compiles_and_tunes_nothing(monke
     assert k.choose(("a",), -1, trial, lambda c: True).kwargs["BLOCK"] == 32  # after it: tuned
     assert k.tuning_runs == 1
     monkeypatch.setenv("OPFORGE_TRITON_COMPILE_THREADS", "1")
-    assert not triton_launch.can_compile_ahead()
+    assert not compile_ahead.can_compile_ahead()
     monkeypatch.setenv("OPFORGE_TRITON_COMPILE_THREADS", "4")
     monkeypatch.setenv("OPFORGE_TRITON_TUNING", "off")
-    assert not triton_launch.can_compile_ahead()  # nothing would be compiled ahead: no first pass
+    assert not compile_ahead.can_compile_ahead()  # nothing would be compiled ahead: no first pass

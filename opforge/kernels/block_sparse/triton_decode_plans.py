@@ -8,7 +8,7 @@ Without triton installed this module still imports (``triton_compat.py``).
 
 from __future__ import annotations
 
-from .. import graph_timing, triton_launch
+from .. import compile_ahead, graph_timing
 from . import cuda_decode
 from .triton_plans import _CUDA, _DECODE, _PLAIN, _SPLIT, _UNCUT, DECODE_ROUTE, _fwd_prefix, _plan, _routed
 from .triton_sizing import (
@@ -59,7 +59,7 @@ def decode_route(x, w, b, y, cols, row_ptr, rows, out_features, has_bias, sms, k
     whichever ``DECODE_ROUTE`` found fastest for this size class. Each config and then each plan is
     timed under graph replay on stand-ins for ``w`` past L2, as a model's layers run
     (``graph_timing``): do_bench's flush and lone launch hid the overlap between layers. A first call
-    plans twice: once inside ``triton_launch.compiling_ahead``, which starts every untuned candidate's
+    plans twice: once inside ``compile_ahead.compiling_ahead``, which starts every untuned candidate's
     compile at once and tunes nothing, then for real, with nothing left to compile."""
     stand_ins = graph_timing.StandIns(w, device_facts(x.device)[1])
     bias = b if has_bias else None
@@ -72,8 +72,8 @@ def decode_route(x, w, b, y, cols, row_ptr, rows, out_features, has_bias, sms, k
             plans["cuda"] = cuda_decode.plan(x, w, bias, y, cols, row_ptr, out_features, _CUDA, stand_ins)
         return plans
 
-    if triton_launch.can_compile_ahead():  # the three kernels' untuned candidates compile at once, then are tuned
-        with triton_launch.compiling_ahead(x.device.index):
+    if compile_ahead.can_compile_ahead():  # the three kernels' untuned candidates compile at once, then are tuned
+        with compile_ahead.compiling_ahead(x.device.index):
             planned()
     plans = planned()
     return _routed(DECODE_ROUTE, "route", plans, x, w, b, y, cols, row_ptr, out_features, has_bias,
