@@ -5,9 +5,11 @@ the kind, with the kinds its loader ``uses``, so a first call after either compi
 
 from __future__ import annotations
 
-import json
+import subprocess
+import sys
 
 import pytest
+from conftest import ROOT
 from test_loader import AXPY, COMMON, GCC, HASWELL, NINJA, toy_kind
 
 from opforge import aot
@@ -137,4 +139,12 @@ def test_report_lists_companions_after_the_variants(cache_dir, capsys):
     row = next(line for line in out.splitlines() if "block_sparse_autograd" in line)
     assert row.split()[:4] == ["+", "block_sparse_autograd", "cpp", "-"]
     assert "(+ = a companion" in out
-    json.dumps(data)
+
+
+def test_registering_the_kinds_imports_no_companions_runtime_code():
+    """The companions are declared in their kinds' extensions.py: a warm start that imports the loaders
+    (``CPUAdamLoader().load()``) does not pay for the decode route's or the autograd nodes' modules."""
+    code = ("import sys, opforge.kernel_loader; print(sorted(m for m in sys.modules if m.endswith(("
+            "'.cuda_decode', '.native_autograd', '.triton_launch', '.tuned_op'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"

@@ -1,9 +1,9 @@
 """The bias_act variants, best first for each device: CUDA and Triton for GPU tensors, one C++
 variant per CPU ISA for CPU tensors, then torch for any device. C++/CUDA ops take the flat,
-one-layout tensors of ``compiled.py``; Triton and torch implement ``reference.py``'s contract."""
+one-layout tensors of ``compiled.py``; Triton and torch implement ``reference.py``'s contract. Then the
+kind's companion, the C++ autograd node the eager path loads by itself (``native_autograd.py``)."""
 
 from ...extension import CppExtension, CudaExtension, TorchExtension, TritonExtension
-from . import native_autograd  # noqa: F401  (registers the companion: the C++ autograd node)
 from .loader import BiasActLoader
 
 
@@ -40,3 +40,20 @@ class BiasActTriton(TritonExtension):
 class BiasActTorch(TorchExtension):
     name, kind, priority = "bias_act_torch", "bias_act", 0
     module = "opforge.kernels.bias_act.reference"
+
+
+# -- the companion the eager path loads by itself (native_autograd.py), declared here: registering the kind
+# imports no runtime code --
+
+
+@BiasActLoader.register_companion
+class BiasActAutograd(CppExtension):
+    """Not a variant of the ``bias_act`` kind (the loader never chooses it): a companion the eager
+    path loads by itself, prebuilt and built with the kind."""
+
+    name, kind = "bias_act_autograd", "bias_act"
+    include_dirs = ("../common/csrc",)  # opforge_library.h
+    sources = ("csrc/bias_act_autograd.cpp",)
+    optimize = ("-O2",)
+    gpu_torch_only = True  # used for GPU tensors only (native_autograd.DEVICES); tests load it on the CPU by itself
+    devices = ()  # its op takes the tensors of whichever variant it drives

@@ -22,26 +22,11 @@ import threading
 
 import torch
 
-from ...extension import CppExtension
 from ...notices import warn_once
 from .activations import Activation
 from .compiled import INDEX, KERNEL_DTYPES, REF_CODE, Compiled
+from .extensions import BiasActAutograd
 from .layout import clamp_as_stored
-from .loader import BiasActLoader
-
-
-@BiasActLoader.register_companion
-class BiasActAutograd(CppExtension):
-    """Not a variant of the ``bias_act`` kind (the loader never chooses it): a companion the eager
-    path loads by itself, prebuilt and built with the kind."""
-
-    name, kind = "bias_act_autograd", "bias_act"
-    include_dirs = ("../common/csrc",)  # opforge_library.h
-    sources = ("csrc/bias_act_autograd.cpp",)
-    optimize = ("-O2",)
-    gpu_torch_only = True  # used for GPU tensors only (DEVICES); tests load it on the CPU by itself
-    devices = ()  # its op takes the tensors of whichever variant it drives
-
 
 DEVICES: tuple[str, ...] = ("cuda",)
 """The variants' backends the node drives (``Compiled.kernel.backend``); tests add ``cpp``."""

@@ -33,13 +33,12 @@ import threading
 import torch
 
 from ... import settings
-from ...extension import CudaExtension
 from ...notices import warn_once
 from ...process import forgets
 from ..native_launch.recipe import Int, Map, Recipe, Struct, recipe_of_function
 from ..tuned_op import OpPlan, TunedOp
 from .buffers import split_counts, split_partials
-from .loader import BlockSparseLoader
+from .extensions import BlockSparseDecodeCuda
 from .triton_sizing import bucket, depth
 
 MAX_TOKENS = 32
@@ -61,20 +60,6 @@ CONFIGS = tuple({"stages": s, "ctas": c, "overlap": o} for o in (1, 0) for s, c 
 """Blocks in flight a CTA, CTAs an SM, and whether it launches as a programmatic dependent of the
 kernel before it (1: its prologue and first weight requests overlap that kernel's end).
 ``OPFORGE_BLOCK_SPARSE_OVERLAP=0`` keeps the ones without the overlap (and keys their choice apart)."""
-
-
-@BlockSparseLoader.register_companion
-class BlockSparseDecodeCuda(CudaExtension):
-    """Not a variant of the ``block_sparse`` kind (the loader never chooses it): a companion the
-    Triton variant's decode route loads by itself, prebuilt and built with the kind."""
-
-    name, kind = "block_sparse_decode_cuda", "block_sparse"
-    include_dirs = ("../common/csrc", "csrc")
-    # the ops, the grid and launch, the kernels of each dtype: four TUs, built in parallel
-    sources = ("csrc/decode_cuda.cpp", "csrc/decode_cuda_launch.cu", "csrc/decode_cuda_bf16.cu",
-               "csrc/decode_cuda_f16.cu")
-    stable_abi = "2.10"
-    min_capability = (9, 0)
 
 
 _OPS: list = []  # [ops packet] once loaded, [None] once it failed or is off

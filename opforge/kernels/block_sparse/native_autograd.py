@@ -19,25 +19,10 @@ from __future__ import annotations
 
 import threading
 
-from ...extension import CppExtension
 from ...notices import warn_once
 from ...process import forgets
 from ..native_launch.table import native_namespace
-from .loader import BlockSparseLoader
-
-
-@BlockSparseLoader.register_companion
-class BlockSparseAutograd(CppExtension):
-    """Not a variant of the ``block_sparse`` kind (the loader never chooses it): a companion the
-    eager path loads by itself, prebuilt and built with the kind."""
-
-    name, kind = "block_sparse_autograd", "block_sparse"
-    include_dirs = ("../common/csrc",)  # opforge_library.h
-    sources = ("csrc/block_sparse_autograd.cpp",)
-    optimize = ("-O2",)
-    gpu_torch_only = True  # used for GPU tensors only (DEVICES); tests load it on the CPU by itself
-    devices = ()  # its op takes the tensors of whichever variant runs the launches
-
+from .extensions import BlockSparseAutograd
 
 DEVICES: tuple[str, ...] = ("cuda",)
 """The tensors' devices the node takes (tests add ``cpu``)."""
