@@ -49,7 +49,7 @@ from . import settings as settings_mod
 from .decision import Accepted, Decision, Rejected
 from .errors import OpforgeError
 from .files import atomic_write
-from .loader import with_used
+from .selection import with_used
 
 _OFF = ("", "0", "none", "no", "off")
 

@@ -5,7 +5,7 @@ microarchitecture and feature flags, from ``archspec``), the GPUs and their comp
 capabilities, the compilers and ninja with their versions, and torch's build (a
 :class:`~opforge.compat.TorchFacts`: version, CUDA/HIP, C++ ABI, Python).
 
-``current()`` detects it once per process. Selection (``loader.select``) takes a Platform
+``current()`` detects it once per process. Selection (``selection.select``) takes a Platform
 as an argument and nothing else from the machine, so tests build Platforms by hand for
 hardware we don't have: every field has a default, and a test states only what matters::
 

@@ -34,7 +34,7 @@ from ..engine.progress import Reporter
 from ..errors import BuildError
 from ..extension import CACHED, NEEDS_BUILD, PREBUILT
 from ..extension import FAILED as FAILED_STATE
-from ..loader import with_used
+from ..selection import with_used
 from . import user_modules
 from .output import aligned
 

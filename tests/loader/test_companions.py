@@ -20,8 +20,9 @@ from opforge.kernel_loader import BiasActLoader, BlockSparseLoader, NativeLaunch
 from opforge.kernels.bias_act.native_autograd import BiasActAutograd
 from opforge.kernels.block_sparse.cuda_decode import BlockSparseDecodeCuda
 from opforge.kernels.block_sparse.native_autograd import BlockSparseAutograd
-from opforge.loader import registered_extension, with_used
+from opforge.loader import registered_extension
 from opforge.platform import Gpu, Platform
+from opforge.selection import with_used
 
 
 def with_companion():

@@ -19,8 +19,9 @@ from opforge.compat import TorchFacts
 from opforge.decision import Rejected
 from opforge.errors import BuildError, OpforgeError
 from opforge.extension import CACHED, NEEDS_BUILD, PREBUILT, READY, CppExtension, CudaExtension, Status, TorchExtension
-from opforge.loader import KernelLoader, select
+from opforge.loader import KernelLoader
 from opforge.platform import Cpu, Gpu, Platform, ToolInfo
+from opforge.selection import select
 
 AXPY = os.path.relpath(os.path.join(ROOT, "opforge", "kernels", "selftest", "csrc", "axpy.cpp"), os.path.dirname(__file__))
 BROKEN = "data/broken_op.cpp"

@@ -36,9 +36,10 @@ from opforge.extension import (
     PythonExtension,
     Status,
 )
-from opforge.loader import KernelLoader, select
+from opforge.loader import KernelLoader
 from opforge.platform import Cpu, Gpu, Platform, ToolInfo
 from opforge.registry import loaders
+from opforge.selection import select
 
 KINDS = loaders()  # every kernel kind opforge ships, selftest too
 FEATURES = sorted({f for i in isa.ALL.values() for f in i.features} | {"sse4_2", "avx", "sve"})
