@@ -66,8 +66,6 @@ class FakeMode:
 
 
 def fake_kernel(monkeypatch, threads: str):
-    import triton  # noqa: F401  (the module's ``triton.runtime.JITFunction`` is patched below)
-
     monkeypatch.setenv("OPFORGE_TRITON_COMPILE_THREADS", threads)
     monkeypatch.setattr(compile_ahead, "async_compile_mode", lambda: FakeMode)
     monkeypatch.setattr(compile_ahead, "triton", types.SimpleNamespace(runtime=types.SimpleNamespace(JITFunction=FakeJit)))
@@ -77,7 +75,6 @@ def fake_kernel(monkeypatch, threads: str):
 
 
 def test_each_candidate_is_compiled_once_with_its_options_and_a_failing_trial_is_skipped(monkeypatch):
-    pytest.importorskip("triton")
     FakeMode.entered.clear()
     k, fn = fake_kernel(monkeypatch, "4")
     x = torch.zeros(4)
@@ -87,18 +84,20 @@ def test_each_candidate_is_compiled_once_with_its_options_and_a_failing_trial_is
             raise RuntimeError("this candidate can't be sized")
         return (3,), (x, 1)
 
+    k._compiled[(0, -1, k.spec((x, 1)))] = object()  # the first candidate is compiled already: not again
     k._precompile(k.choices, trial, -1)  # (torch.cuda.device(-1) selects no device)
     assert FakeMode.entered == [("ThreadPoolExecutor", True)]
     assert [w[2] for w in fn.warmups] == [
-        {"BLOCK": 16, "num_warps": 4, "num_stages": 2, "launch_pdl": True},
         {"BLOCK": 16, "num_warps": 8, "num_stages": 2, "launch_pdl": True},
         {"BLOCK": 32, "num_warps": 4, "num_stages": 2, "launch_pdl": True},
     ]
     assert all(w[0] == (x, 1) and w[1] == (3,) for w in fn.warmups)
+    fn.warmups.clear()
+    k._precompile(k.choices, lambda c: ((3,), (x, 0)), -1)  # not a dependent launch: no PDL
+    assert len(fn.warmups) == 4 and not any("launch_pdl" in w[2] for w in fn.warmups)
 
 
 def test_one_thread_or_no_async_mode_compiles_nothing_ahead(monkeypatch):
-    pytest.importorskip("triton")
     k, fn = fake_kernel(monkeypatch, "1")
     k._precompile(k.choices, lambda c: ((1,), (torch.zeros(1), 0)), None)
     assert fn.warmups == []
@@ -161,7 +160,6 @@ class ScopeTuner(TunedKernel):
 def test_inside_compiling_ahead_a_choice_starts_compiles_and_tunes_nothing(monkeypatch, tmp_path):
     """``decode_route``'s first pass: each kernel's untuned candidates go to one pool, its first candidate comes
     back untimed and unremembered; the pass after the scope tunes, and nothing is left to compile."""
-    pytest.importorskip("triton")
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("OPFORGE_TRITON_TUNING", "auto")
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # CPU torch has no CUDA
