@@ -108,7 +108,7 @@ def recipe(choice, prefix: tuple, inputs: tuple, outputs: list) -> Recipe | str:
     """The native_launch recipe of the op's launch with ``prefix`` (``_fwd_prefix``'s: x, w, b or None,
     y, cols, row_ptr, counts, chunk) and ``choice``: the kernel's parameters are ``Args``'s fields (the
     partial-sum slots and the counts held: ``buffers.split_partials``, where the op allocates its slots each
-    call), the ring's slots and x's tensor map (``csrc/decode_cuda.h``)."""
+    call), the ring's slots, x's tensor map and W's (unread by the variants built here: ``csrc/decode_cuda.h``)."""
     x, w, b, y, cols, row_ptr, counts, chunk = prefix
     stages, ctas, overlap = choice.values
     function, grid, threads, shared, share, slots = ops().describe.default(x, w, chunk, stages, ctas)
@@ -119,7 +119,8 @@ def recipe(choice, prefix: tuple, inputs: tuple, outputs: list) -> Recipe | str:
     args = Struct((x, w, b, y, cols, row_ptr, part, counts, Int(tokens), Int(k_in), Int(n_out), Int(bh), Int(n_out // bh),
                    Int(nnz), Int(share)))
     return recipe_of_function(function, (grid,), threads, shared, overlap,
-                              (args, Int(stages), Map(x if tokens > 1 else None, (tokens, bw))), inputs, outputs)
+                              (args, Int(stages), Map(x if tokens > 1 else None, (tokens, bw)), Map(None, (bh, bw))),
+                              inputs, outputs)
 
 
 KERNEL = TunedOp("block_sparse_triton", "decode_cuda", _op_forward, CONFIGS, _sources, recipe)

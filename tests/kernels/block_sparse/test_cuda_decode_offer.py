@@ -167,8 +167,9 @@ def args_fields() -> list[str]:
 def test_the_recipe_packs_the_parameters_as_the_kernel_declares_them(fresh, monkeypatch):
     """Without a GPU: ``cuda_decode.recipe`` (the launch replayed from C++) gives the kernel ``Args``'s
     fields in the header's order (a struct by value: 8 pointers and 7 ints, 96 bytes), then the ring's
-    slots and x's tensor map, packed (the Python contract of native_launch) at the offsets the kernel
-    reads them from; the partial slots (a kept buffer of describe's size) and the counts held."""
+    slots, x's tensor map and W's (128 zero bytes: read by the 64-token tile only, which the package's build
+    does not compile), packed (the Python contract of native_launch) at the offsets the kernel reads them
+    from; the partial slots (a kept buffer of describe's size) and the counts held."""
     from opforge.kernels.native_launch import reference
     from opforge.kernels.native_launch.recipe import MAP_TYPES
 
@@ -197,7 +198,7 @@ def test_the_recipe_packs_the_parameters_as_the_kernel_declares_them(fresh, monk
         reference.define(31, *ins, 384, 0, r.launch, r.outputs, r.program, r.held)
         params, _, y_out = reference.pack(31, *ins, 384, 0)
         raw = bytes(params.tolist())
-        assert len(raw) == 256
+        assert len(raw) == 384
         ptrs = struct.unpack_from("<8Q", raw, 0)
         assert ptrs == (xt.data_ptr(), w.data_ptr(), 0 if bias is None else b.data_ptr(), y_out.data_ptr(),
                         cols.data_ptr(), row_ptr.data_ptr(), part.data_ptr(), counts.data_ptr())
@@ -208,4 +209,5 @@ def test_the_recipe_packs_the_parameters_as_the_kernel_declares_them(fresh, monk
             assert tmap == (0,) * 10  # unread at one token
         else:  # x (3, 256) by its sizes, box (64, 3) innermost first
             assert tmap == (xt.data_ptr(), 0, 2, MAP_TYPES[torch.bfloat16], 256, 3, 512, 1536, 64, 3)
+        assert struct.unpack_from("<16Q", raw, 256) == (0,) * 16  # W's map: unread by these variants
         reference.forget()

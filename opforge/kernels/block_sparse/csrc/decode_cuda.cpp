@@ -71,7 +71,7 @@ bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr(
 // The variant of T tokens and bh x bw blocks (nt 0: none takes T).
 k::Config config_of(int64_t tokens, int64_t bh, int64_t bw, int64_t stages, int64_t ctas, bool overlap = false) {
   const int64_t tiles = (tokens + 7) / 8;
-  const int nt = tiles <= 2 ? static_cast<int>(tiles) : (tiles <= 4 ? 4 : 0);
+  const int nt = tiles <= 2 ? static_cast<int>(tiles) : (tiles <= 4 ? 4 : (tiles <= 8 && k::kMaxTokens >= 64 ? 8 : 0));
   return k::Config{nt, static_cast<int>(bw / 32), static_cast<int>(bh / 16), static_cast<int>(std::clamp<int64_t>(stages, 0, 64)),
                    static_cast<int>(std::clamp<int64_t>(ctas, 0, 64)), overlap ? 1 : 0};
 }

@@ -18,8 +18,14 @@
 
 namespace opforge_block_sparse_decode {
 
-// The variants compiled: bh and bw of 32, 64 or 128, 8-token tiles 1, 2 or 4.
+// The variants compiled: bh and bw of 32, 64 or 128, 8-token tiles 1, 2 or 4; built with
+// -DOPFORGE_DECODE_WGMMA (and for sm_90a), also the 64-token tile (8 tiles of 8) through wgmma for 64 x 64
+// and 128 x 64 blocks.
+#ifdef OPFORGE_DECODE_WGMMA
+constexpr int kMaxTokens = 64;
+#else
 constexpr int kMaxTokens = 32;
+#endif
 
 // The launch arguments: the tensors' data and the geometry.
 struct Args {
@@ -41,8 +47,9 @@ struct Config {
   int nt, kq, mt, stages, ctas, overlap;
 };
 
-// (the args, the ring's slots, x's tensor map: a (bw, T) box of x, unused at T = 1)
-using Kernel = void (*)(Args, int, CUtensorMap);
+// (the args, the ring's slots, x's tensor map: a (bw, T) box of x, unused at T = 1; W's: a (bw, bh) box
+// of W as (nnz * bh, bw) in the 128-byte swizzle, read by the 64-token tile only)
+using Kernel = void (*)(Args, int, CUtensorMap, CUtensorMap);
 
 // The kernel of a variant (nullptr: not compiled). One table a dtype (decode_cuda_{bf16,f16}.cu).
 Kernel kernel_bf16(int nt, int kq, int mt);

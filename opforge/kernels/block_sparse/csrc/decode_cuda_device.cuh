@@ -48,6 +48,74 @@ __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uin
   }
 }
 
+// wgmma (sm_90a: the kernel TUs built with -gencode=arch=compute_90a,code=sm_90a and
+// -DOPFORGE_DECODE_WGMMA): the 64-token tile's arithmetic (decode_cuda_kernel.cuh's consume_wg). W's
+// rows as A and x's tokens as B, both read by the tensor cores from the ring's slot, where the copy
+// engine put them in the 128-byte swizzle: rows of 64 elements (128 bytes), 8-row groups 1024 bytes
+// apart. A warpgroup's four warps issue one m64n64k16 together; warp w of it holds rows 16 w + g and
+// + 8 of the 64, tokens 8 i + 2 t and + 1 in d[4 i ..], the same places as mma.sync's acc[i][..]
+// (store_strip, put_partial and the owners' sums take either).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(__CUDA_ARCH_FEAT_SM90A)
+#define OPFORGE_WGMMA_DEVICE 1
+#endif
+
+// A shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
+__device__ __forceinline__ uint64_t sw128_desc(const void* p) {
+  const uint64_t addr = static_cast<uint64_t>(__cvta_generic_to_shared(p));
+  return ((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void wg_fence() {
+#ifdef OPFORGE_WGMMA_DEVICE
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wg_commit() {
+#ifdef OPFORGE_WGMMA_DEVICE
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wg_wait() {
+#ifdef OPFORGE_WGMMA_DEVICE
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#endif
+}
+
+// Pins the accumulators in their registers at this point of the program (no code), so that no access to them
+// is moved across a wgmma's issue or its wait.
+template <int NT>
+__device__ __forceinline__ void wg_pin(float (&d)[NT][4]) {
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
+}
+
+// d += A B for a 64 x 16 slice of A (descriptor a) and a 16 x 64 slice of B (descriptor b).
+template <bool BF16>
+__device__ __forceinline__ void wg_mma64(float (&d)[8][4], uint64_t a, uint64_t b) {
+#ifdef OPFORGE_WGMMA_DEVICE
+#define OPFORGE_WG_D(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
+#define OPFORGE_WG_ASM(TY)                                                                                            \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                         \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "                                          \
+               "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                            \
+               "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"   \
+               : OPFORGE_WG_D(0), OPFORGE_WG_D(1), OPFORGE_WG_D(2), OPFORGE_WG_D(3), OPFORGE_WG_D(4), OPFORGE_WG_D(5), \
+                 OPFORGE_WG_D(6), OPFORGE_WG_D(7)                                                                   \
+               : "l"(a), "l"(b), "r"(1))
+  if constexpr (BF16) {
+    OPFORGE_WG_ASM("bf16");
+  } else {
+    OPFORGE_WG_ASM("f16");
+  }
+#undef OPFORGE_WG_ASM
+#undef OPFORGE_WG_D
+#endif
+}
+
 // The block-row holding block `at`: the last r with row_ptr[r] <= at, its first block and its
 // block count. The warp's lanes test 256 entries a round, all loads issued at once (one trip to
 // memory for up to 255 rows).

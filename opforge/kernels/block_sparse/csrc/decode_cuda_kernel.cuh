@@ -40,8 +40,32 @@
 namespace opforge_block_sparse_decode {
 
 // The dynamic shared memory: the full and empty mbarriers, the CTA's row search (a Found), then the ring.
+// The 64-token tile's ring (wgmma's 128-byte swizzle) starts on a 1024-byte boundary, which the kernel finds
+// at run time within kWgSlack more bytes.
 __host__ __device__ constexpr int found_offset(int stages) { return 2 * stages * 8; }
 __host__ __device__ constexpr int ring_offset(int stages) { return (found_offset(stages) + 16 + 127) / 128 * 128; }
+constexpr int kWgSlack = 1024;
+#ifndef OPFORGE_DECODE_WG_DEFER
+#define OPFORGE_DECODE_WG_DEFER 0
+#endif
+// wgmma: 1 to release a block's slot only once the next slot is in (its products run meanwhile), 0 to wait
+// for them at once. Deferred, ptxas serializes the wgmmas (C7518: the wait in a divergent path).
+constexpr bool kWgDefer = OPFORGE_DECODE_WG_DEFER != 0;
+
+// The 64-token tile (8 tiles of 8) takes wgmma, W and x both in the 128-byte swizzle (decode_cuda_device.cuh):
+// 64-wide blocks (a row of a block is a swizzle's 128 bytes) of 64 or 128 rows (one warpgroup a 64).
+template <int NT, int KQ, int MT>
+__host__ __device__ constexpr bool uses_wgmma() {
+  return NT == 8;
+}
+template <int NT, int KQ, int MT>
+__host__ __device__ constexpr bool compiled_variant() {
+#ifdef OPFORGE_DECODE_WGMMA
+  return NT < 8 || (KQ == 2 && (MT == 4 || MT == 8));
+#else
+  return NT < 8;
+#endif
+}
 
 // A slot of the ring: a block, then x's slice at its column, a row of bw a token (NT * 8 rows; the
 // first T filled).
@@ -75,27 +99,61 @@ __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, in
 
   float acc[NT][4] = {};
   int slot = 0, parity = 0;
+  int held = -1;  // wgmma: the slot whose products may still be in flight (released once the next slot is in)
   for (int k = 0; k < steps; ++k) {
+    const int kb = hi - 1 - k;
+    const bool flush = kb == rs || k == steps - 1;  // walking backwards: the row's part in this share ends here
     bar_wait(full + slot, parity);
-    const unsigned char* sw = ring + slot * SLOT + ((m * 16 + g) * BW + 8 * t) * static_cast<int>(sizeof(T));
-    const unsigned char* sx = ring + slot * SLOT + BLOCK + (g * BW + 8 * t) * static_cast<int>(sizeof(T));
+    if constexpr (uses_wgmma<NT, KQ, MT>()) {
+      // the warpgroup's 64 rows of the block against every token: four k16 steps of 32 bytes in the
+      // swizzled rows. x's rows past T hold whatever the slot held: they reach only y's columns past
+      // T, which nothing stores (store_strip) or adds to a stored column. The products run while the
+      // next slot fills: the slot goes back to the producer once they are done, which a row's end (its
+      // sums read) or the next slot's arrival waits for.
+      if (held >= 0) {
+        wg_wait();
+        wg_pin(acc);
+        __syncwarp();
+        if (lane == 0) bar_arrive(empty + held);
+      }
+      const unsigned char* sw = ring + slot * SLOT + (m >> 2) * 64 * BW * static_cast<int>(sizeof(T));
+      const unsigned char* sx = ring + slot * SLOT + BLOCK;
+      wg_pin(acc);
+      wg_fence();
 #pragma unroll
-    for (int q = 0; q < KQ; ++q) {
-      const uint4 lo4 = lds128(sw + (32 * q) * static_cast<int>(sizeof(T)));
-      const uint4 hi4 = lds128(sw + (8 * BW + 32 * q) * static_cast<int>(sizeof(T)));
+      for (int s = 0; s < 2 * KQ; ++s) wg_mma64<BF16>(acc, sw128_desc(sw + 32 * s), sw128_desc(sx + 32 * s));
+      wg_commit();
+      wg_pin(acc);
+      held = slot;
+      if (flush || !kWgDefer) {
+        wg_wait();
+        wg_pin(acc);
+        __syncwarp();
+        if (lane == 0) bar_arrive(empty + held);
+        held = -1;
+      }
+    } else {
+      const unsigned char* sw = ring + slot * SLOT + ((m * 16 + g) * BW + 8 * t) * static_cast<int>(sizeof(T));
+      const unsigned char* sx = ring + slot * SLOT + BLOCK + (g * BW + 8 * t) * static_cast<int>(sizeof(T));
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {  // x's token nt * 8 + g, from the slot (zeros past T)
-        const uint4 xq = nt * 8 + g < a.tokens
-                             ? lds128(sx + (nt * 8 * BW + 32 * q) * static_cast<int>(sizeof(T)))
-                             : make_uint4(0, 0, 0, 0);
-        mma<BF16>(acc[nt], lo4.x, hi4.x, lo4.y, hi4.y, xq.x, xq.y);
-        mma<BF16>(acc[nt], lo4.z, hi4.z, lo4.w, hi4.w, xq.z, xq.w);
+      for (int q = 0; q < KQ; ++q) {
+        const uint4 lo4 = lds128(sw + (32 * q) * static_cast<int>(sizeof(T)));
+        const uint4 hi4 = lds128(sw + (8 * BW + 32 * q) * static_cast<int>(sizeof(T)));
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {  // x's token nt * 8 + g, from the slot (zeros past T)
+          const uint4 xq = nt * 8 + g < a.tokens
+                               ? lds128(sx + (nt * 8 * BW + 32 * q) * static_cast<int>(sizeof(T)))
+                               : make_uint4(0, 0, 0, 0);
+          mma<BF16>(acc[nt], lo4.x, hi4.x, lo4.y, hi4.y, xq.x, xq.y);
+          mma<BF16>(acc[nt], lo4.z, hi4.z, lo4.w, hi4.w, xq.z, xq.w);
+        }
       }
     }
-    __syncwarp();
-    if (lane == 0) bar_arrive(empty + slot);
-    const int kb = hi - 1 - k;
-    if (kb == rs || k == steps - 1) {  // walking backwards: the row's part in this share ends here
+    if constexpr (!uses_wgmma<NT, KQ, MT>()) {
+      __syncwarp();
+      if (lane == 0) bar_arrive(empty + slot);
+    }
+    if (flush) {
       const int unit = r * MT + m;
       if (rs >= lo && re <= hi) {  // the whole row
         store_strip<BF16, NT>(a, acc, r, m, g, t);
@@ -105,19 +163,24 @@ __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, in
       } else {  // rs < lo, re <= hi: the row's last block is here; the CTAs before came in earlier
         const int c0 = rs / a.chunk;
         wait_count(a, unit, c - c0, lane);
-        // the slots of CTAs c0 .. c - 1, four loads in flight at a time, added in CTA order
+        // the slots of CTAs c0 .. c - 1, G loads in flight at a time, added in CTA order: four, or one
+        // of the 64-token tile's (104 registers a thread; 157 at two, 224 at four, so 2 and 1 CTAs an SM)
+#ifndef OPFORGE_DECODE_WG_GROUP
+#define OPFORGE_DECODE_WG_GROUP 1
+#endif
+        constexpr int G = NT >= 8 ? OPFORGE_DECODE_WG_GROUP : 4;
         float sum[NT][4] = {};
-        for (int w0 = c0; w0 < c; w0 += 4) {
-          float4 p[4][NT];
+        for (int w0 = c0; w0 < c; w0 += G) {
+          float4 p[G][NT];
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
+          for (int j = 0; j < G; ++j)
             if (w0 + j < c) {
               const float4* part = slot_of<NT>(a, (w0 + j) * MT + m);
 #pragma unroll
               for (int i = 0; i < NT; ++i) p[j][i] = __ldcg(part + i * 32 + lane);
             }
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
+          for (int j = 0; j < G; ++j)
             if (w0 + j < c)
 #pragma unroll
               for (int i = 0; i < NT; ++i) {
@@ -151,19 +214,33 @@ __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, in
   }
 }
 
+// A block into its slot: a plain bulk copy, or for wgmma (WG) through W's tensor map, which lays it out
+// in the 128-byte swizzle: W as (nnz * bh, bw), the block's rows from `row`.
+template <bool WG>
+__device__ __forceinline__ void copy_block(void* dst, const void* src, int bytes, const CUtensorMap* wmap, int row,
+                                           uint64_t* bar) {
+  if constexpr (WG)
+    tensor_copy_2d(dst, wmap, 0, row, bar);
+  else
+    bulk_copy(dst, src, bytes, bar);
+}
+
 // MT = bh / 16 consumer warps and a producer warp.
 template <bool BF16, int NT, int KQ, int MT>
 __global__ void __launch_bounds__(32 * (MT + 1))
-    decode_kernel(const Args a, int stages, const __grid_constant__ CUtensorMap xmap) {
+    decode_kernel(const Args a, int stages, const __grid_constant__ CUtensorMap xmap,
+                  const __grid_constant__ CUtensorMap wmap) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // the copy engine's bulk copies (grid_of offers sm_90+ only)
   using T = typename Elem<BF16>::T;
   constexpr int BLOCK = 16 * MT * 32 * KQ * static_cast<int>(sizeof(T));
   constexpr int SLOT = slot_bytes<BF16, NT, KQ, MT>();
   constexpr int XROW = 32 * KQ * static_cast<int>(sizeof(T));  // a token's slice of x at a block's column
+  constexpr bool WG = uses_wgmma<NT, KQ, MT>();
   extern __shared__ __align__(128) unsigned char smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem);
   uint64_t* empty = full + stages;
   unsigned char* ring = smem + ring_offset(stages);
+  if constexpr (WG) ring += (1024 - (smem_u32(ring) & 1023)) & 1023;  // the swizzle's 1024-byte boundary
   const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
   const int c = blockIdx.x;
   const int lo = c * a.chunk;
@@ -192,7 +269,7 @@ __global__ void __launch_bounds__(32 * (MT + 1))
       if (lane == 0)
         for (int k = 0; k < first; ++k) {
           bar_expect(full + k, expect);
-          bulk_copy(ring + k * SLOT, block(k), BLOCK, full + k);
+          copy_block<WG>(ring + k * SLOT, block(k), BLOCK, &wmap, (hi - 1 - k) * 16 * MT, full + k);
         }
       // step k's column is lane k % 32's of chunk k / 32; the next chunk on its way
       auto col_rev = [&](int k) { return k < steps ? static_cast<int>(__ldg(a.cols + hi - 1 - k)) : 0; };
@@ -203,7 +280,7 @@ __global__ void __launch_bounds__(32 * (MT + 1))
         if (k >= first && lane == 0) {
           bar_wait(empty + slot, (round - 1) & 1);
           bar_expect(full + slot, expect);
-          bulk_copy(ring + slot * SLOT, block(k), BLOCK, full + slot);
+          copy_block<WG>(ring + slot * SLOT, block(k), BLOCK, &wmap, (hi - 1 - k) * 16 * MT, full + slot);
         }
         if ((k & 31) == 0 && k > 0) {
           colv = colv_ahead;
@@ -233,12 +310,20 @@ __global__ void __launch_bounds__(32 * (MT + 1))
 }
 
 // The variants of a dtype: nt (8-token tiles) 1, 2, 4; kq = bw / 32 and mt = bh / 16 of 1, 2, 4 and 2, 4, 8.
+template <bool BF16, int NT, int KQ, int MT>
+Kernel variant() {
+  if constexpr (compiled_variant<NT, KQ, MT>())
+    return decode_kernel<BF16, NT, KQ, MT>;
+  else
+    return nullptr;
+}
+
 template <bool BF16, int NT, int KQ>
 Kernel pick_mt(int mt) {
   switch (mt) {
-    case 2: return decode_kernel<BF16, NT, KQ, 2>;
-    case 4: return decode_kernel<BF16, NT, KQ, 4>;
-    case 8: return decode_kernel<BF16, NT, KQ, 8>;
+    case 2: return variant<BF16, NT, KQ, 2>();
+    case 4: return variant<BF16, NT, KQ, 4>();
+    case 8: return variant<BF16, NT, KQ, 8>();
     default: return nullptr;
   }
 }
@@ -259,6 +344,9 @@ Kernel kernel_table(int nt, int kq, int mt) {
     case 1: return pick_kq<BF16, 1>(kq, mt);
     case 2: return pick_kq<BF16, 2>(kq, mt);
     case 4: return pick_kq<BF16, 4>(kq, mt);
+#ifdef OPFORGE_DECODE_WGMMA
+    case 8: return pick_kq<BF16, 8>(kq, mt);
+#endif
     default: return nullptr;
   }
 }

@@ -36,24 +36,39 @@ Encode encoder() {
 // rows bw * elem bytes apart in shared memory, as the ring's slot holds them. Only for tokens > 1.
 // Encoded as native_launch's map slots encode (128-byte L2 promotion), so a launch from a recipe
 // (cuda_decode.py) passes the same map.
-cudaError_t x_map(bool bf16, const Config& c, const Args& a, CUtensorMap* map) {
+// A 2-D map of `rows` rows of `cols` elements, read in (box_cols, box_rows) boxes.
+cudaError_t map_2d(bool bf16, const void* base, int64_t cols, int64_t rows, int box_cols, int box_rows, bool swizzle,
+                   CUtensorMap* map) {
   const Encode encode = encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(a.k_in), static_cast<cuuint64_t>(a.tokens)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.k_in) * 2};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(32 * c.kq), static_cast<cuuint32_t>(a.tokens)};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t steps[2] = {1, 1};
   const CUresult r = encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-                            const_cast<void*>(a.x), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                            const_cast<void*>(base), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+bool wgmma_variant(const Config& c) { return c.nt == 8; }
+
+cudaError_t x_map(bool bf16, const Config& c, const Args& a, CUtensorMap* map) {
+  return map_2d(bf16, a.x, a.k_in, a.tokens, 32 * c.kq, a.tokens, wgmma_variant(c), map);
+}
+
+// W (nnz, bh, bw) as (nnz * bh, bw), a block a box, in the 128-byte swizzle: the 64-token tile's.
+cudaError_t w_map(bool bf16, const Config& c, const Args& a, CUtensorMap* map) {
+  return map_2d(bf16, a.w, 32 * c.kq, int64_t{a.nnz} * a.bh, 32 * c.kq, a.bh, true, map);
 }
 
 }  // namespace
 
 // the ring: a slot a stage, each a block and x's slice at its column (decode_cuda_kernel.cuh's slot_bytes)
 int smem_of(const Config& c, int elem_bytes) {
-  return ring_offset(c.stages) + c.stages * (16 * c.mt + 8 * c.nt) * 32 * c.kq * elem_bytes;
+  return ring_offset(c.stages) + (wgmma_variant(c) ? kWgSlack : 0) +
+         c.stages * (16 * c.mt + 8 * c.nt) * 32 * c.kq * elem_bytes;
 }
 
 cudaError_t grid_of(bool bf16, const Config& c, int device, int* grid) {
@@ -71,7 +86,11 @@ cudaError_t grid_of(bool bf16, const Config& c, int device, int* grid) {
     cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    if (err == cudaSuccess && major >= 9 && smem <= most && encoder() != nullptr) {
+    int minor = 0;
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    // the 64-token tile is sm_90a code: it runs on compute capability 9.0 only
+    const bool arch_ok = wgmma_variant(c) ? major == 9 && minor == 0 : major >= 9;
+    if (err == cudaSuccess && arch_ok && smem <= most && encoder() != nullptr) {
       int current = 0;  // cudaFuncSetAttribute and the occupancy query act on the current device
       err = cudaGetDevice(&current);
       if (err == cudaSuccess && current != device) err = cudaSetDevice(device);
@@ -121,12 +140,16 @@ cudaError_t launch(bool bf16, const Config& c, int grid, const Args& a, cudaStre
   overlap[0].val.programmaticStreamSerializationAllowed = 1;
   launch.attrs = overlap;
   launch.numAttrs = c.overlap ? 1 : 0;
-  CUtensorMap map{};
+  CUtensorMap map{}, wmap{};
   if (a.tokens > 1) {
     const cudaError_t err = x_map(bf16, c, a, &map);
     if (err != cudaSuccess) return err;
   }
-  return cudaLaunchKernelEx(&launch, fn, a, c.stages, map);
+  if (wgmma_variant(c)) {
+    const cudaError_t err = w_map(bf16, c, a, &wmap);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaLaunchKernelEx(&launch, fn, a, c.stages, map, wmap);
 }
 
 }  // namespace opforge_block_sparse_decode

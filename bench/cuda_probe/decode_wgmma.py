@@ -1,0 +1,155 @@
+"""Probe: the CUDA decode kernel's 64-token tile through wgmma (issue 35, twenty-fifth session).
+
+The package's CUDA decode kernel (``opforge/kernels/block_sparse/csrc``) stops at 32 tokens: at 64, each of
+its four consumer warps read all of x's 8 KB slice a block from shared memory for its ``mma.sync``, and
+the kernel ran at 1.07-1.35x the Triton route's time (docs/benchmarks.md, issue 35, twenty-second session).
+Built with ``-DOPFORGE_DECODE_WGMMA`` for sm_90a, the same sources also compile a 64-token tile whose
+warpgroup multiplies with wgmma straight from the ring's slot (W and x both brought in by the copy
+engine in the 128-byte swizzle), so x's slice is read once a block. This probe builds that variant as an
+extension of its own (the package's build is unchanged), checks it against fp64 on the layouts the
+package's tests use, and times it on issue 35's rows against the route, dense and cuBLAS on the same
+bytes: 16 rotated layers, graph-replayed, GPU µs per layer.
+
+Usage::
+
+    python bench/cuda_probe/decode_wgmma.py [--shapes ...] [--tokens 64] [--densities ...]
+        [--stages 4,6,8,12] [--ctas 1,2,3] [--builds 2:0,2:1] [--check] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode_floor import graph_us, issue_rows, probe_args  # noqa: E402
+
+
+def probe_ops(group: int, defer: int):
+    """The decode extension's sources built with the 64-token wgmma tile, for sm_90a (its own name and op
+    namespace, so the package's build and cache entry are untouched); an owner loads ``group`` partial slots
+    at a time (1: 127 registers a thread, 3 CTAs an SM; 2: 157, two; 4: 220, one); ``defer`` 1 waits for a
+    block's products only once the next slot is in (ptxas then serializes the wgmmas: C7518)."""
+    from opforge.kernels.block_sparse.extensions import BlockSparseDecodeCuda
+
+    class DecodeWgmmaProbe(BlockSparseDecodeCuda):
+        name = f"block_sparse_decode_wgmma_probe_g{group}d{defer}"
+        cflags = ("-DOPFORGE_DECODE_WGMMA",)
+        cuda_cflags = ("-DOPFORGE_DECODE_WGMMA", f"-DOPFORGE_DECODE_WG_GROUP={group}", f"-DOPFORGE_DECODE_WG_DEFER={defer}",
+                       "-gencode=arch=compute_90a,code=sm_90a")
+
+        @classmethod
+        def source_dir(cls) -> str:
+            return BlockSparseDecodeCuda.source_dir()
+
+    return DecodeWgmmaProbe().load().ops
+
+
+def reference(x, w, b, cols, row_ptr, n_out):
+    """fp64 y = x Wᵀ + b from the blocks."""
+    nnz, bh, bw = w.shape
+    dense = torch.zeros(n_out, x.shape[1], dtype=torch.float64, device=x.device)
+    rows = torch.repeat_interleave(torch.arange(n_out // bh, device=x.device), row_ptr.diff())
+    for k in range(nnz):
+        r, c = int(rows[k]), int(cols[k])
+        dense[r * bh:(r + 1) * bh, c * bw:(c + 1) * bw] = w[k].double()
+    y = x.double() @ dense.T
+    return y + b.double() if b is not None else y
+
+
+def check(op, counts) -> int:
+    """The probe's variant against fp64: T = 33, 48, 64; 64 x 64 and 128 x 64 blocks; bf16 and fp16; a bias
+    or not; layouts with empty rows, a full row and rows of 0 to all blocks; every ring depth and CTAs an
+    SM given, and chunks that cut rows every way. Returns the launches checked."""
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(7)
+    n = 0
+    for dt, (bh, bw), tokens, bias in itertools.product((torch.bfloat16, torch.float16), ((64, 64), (128, 64)),
+                                                        (33, 48, 64), (False, True)):
+        k_in, n_out = 1024, 1024
+        rows, cols_n = n_out // bh, k_in // bw
+        counts_per_row = [0, cols_n, 3, 0, 1] + [int(torch.randint(0, cols_n + 1, (1,), generator=g))
+                                                 for _ in range(rows - 5)]
+        cols = torch.cat([torch.randperm(cols_n, generator=g)[:c].sort().values for c in counts_per_row])
+        row_ptr = torch.tensor([0] + list(itertools.accumulate(counts_per_row)))
+        nnz = int(row_ptr[-1])
+        w = (torch.randn(nnz, bh, bw, generator=g) / 8).to(dev, dt)
+        x = torch.randn(tokens, k_in, generator=g).to(dev, dt)
+        b = torch.randn(n_out, generator=g).to(dev, dt) if bias else None
+        cols, row_ptr = cols.to(dev), row_ptr.to(dev)
+        want = reference(x, w, b, cols, row_ptr, n_out)
+        for stages, ctas, chunk in ((2, 1, 0), (4, 2, 0), (3, 3, 0), (2, 2, 1), (2, 2, 5), (3, 1, 17)):
+            y = torch.full((tokens, n_out), float("nan"), device=dev, dtype=dt)
+            op(x, w, b, y, cols, row_ptr, counts, chunk, stages, ctas, 1)
+            err = ((y.double() - want).abs().max() / want.abs().max()).item()
+            assert err < 1e-2, (dt, bh, bw, tokens, bias, stages, ctas, chunk, err)
+            assert int(counts.abs().sum()) == 0, "counts not left at zero"
+            n += 1
+    return n
+
+
+def main() -> None:
+    ap = probe_args(argparse.ArgumentParser())
+    ap.add_argument("--stages", default="4,6,8,12")
+    ap.add_argument("--ctas", default="1,2,3")
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--builds", default="2:0,2:1", help="group:defer (probe_ops), a build each")
+    ap.add_argument("--json")
+    ap.set_defaults(tokens="64")
+    args = ap.parse_args()
+    from opforge.kernels.block_sparse import triton_impl
+    from opforge.kernels.block_sparse.buffers import split_counts
+
+    dev, dt, n = torch.device("cuda"), torch.bfloat16, args.layers
+    builds = {b: probe_ops(*map(int, b.split(":"))) for b in args.builds.split(",")}
+    counts = split_counts(0, 1 << 16)
+    if args.check:
+        for g, ops in builds.items():
+            print(f"check, build {g}: {check(ops.forward, counts)} launches against fp64, all within 1e-2",
+                  flush=True)
+    grid = [(g, *c) for g in builds
+            for c in itertools.product(*(list(map(int, getattr(args, a).split(","))) for a in ("stages", "ctas")))]
+    route = triton_impl.DECODE_ROUTE
+
+    def run(m, x, cfg):
+        idx = m.layout.indices(dev)
+        y = torch.empty(x.shape[0], m.out_features, device=dev, dtype=x.dtype)
+        builds[cfg[0]].forward(x, m.weight_blocks, m.bias, y, idx.cols, idx.row_ptr, counts, 0, *cfg[1:], 1)
+        return y
+
+    out = []
+    for row in issue_rows(args, dev, dt, seed=1):
+        x, dense, same, mods = row.pop("x"), row["dense_us"], row["same_bytes_us"], row.pop("mods")
+        row.pop("weights")
+        with torch.no_grad():
+            route.forget()
+            triton_impl.forget_plans()
+            routed = graph_us(lambda: [m(x) for m in mods], dev, n)  # noqa: B023
+            ref = mods[0](x).float()
+            timings = {}
+            for cfg in grid:
+                if builds[cfg[0]].grid(x, 64, 64, *cfg[1:]) == 0:
+                    continue
+                got = run(mods[0], x, cfg).float()
+                err = ((got - ref).abs().max() / ref.abs().max()).item()
+                assert err < 2e-2, (cfg, err)
+                timings[cfg] = graph_us(lambda: [run(m, x, cfg) for m in mods], dev, n)  # noqa: B023
+        best = min(timings, key=timings.get)
+        print(f"{row['in']}->{row['out']} T={row['tokens']} d={row['density']}: dense {dense:.1f} floor {same:.1f} | "
+              f"route {routed:.1f} ({dense / routed:.2f}x) | wgmma best {timings[best]:.1f} {best} "
+              f"({dense / timings[best]:.2f}x, {100 * same / timings[best]:.0f}% of cuBLAS same bytes) | all "
+              f"{ {','.join(map(str, c)): round(v, 1) for c, v in timings.items()} }", flush=True)
+        out.append({k: row[k] for k in ("in", "out", "tokens", "density", "dense_us", "same_bytes_us")} |
+                   {"route_us": routed, "wgmma": {",".join(map(str, c)): v for c, v in timings.items()}})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": out}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
