@@ -13,7 +13,7 @@ bytes: 16 rotated layers, graph-replayed, GPU µs per layer.
 Usage::
 
     python bench/cuda_probe/decode_wgmma.py [--shapes ...] [--tokens 64] [--densities ...]
-        [--stages 4,6,8,12] [--ctas 1,2,3] [--builds 2:0,2:1] [--check] [--json OUT]
+        [--stages 4,5,6] [--ctas 1,2,3] [--check] [--json OUT]
 """
 
 from __future__ import annotations
@@ -30,18 +30,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from decode_floor import graph_us, issue_rows, probe_args  # noqa: E402
 
 
-def probe_ops(group: int, defer: int):
+def probe_ops():
     """The decode extension's sources built with the 64-token wgmma tile, for sm_90a (its own name and op
-    namespace, so the package's build and cache entry are untouched); an owner loads ``group`` partial slots
-    at a time (1: 127 registers a thread, 3 CTAs an SM; 2: 157, two; 4: 220, one); ``defer`` 1 waits for a
-    block's products only once the next slot is in (ptxas then serializes the wgmmas: C7518)."""
+    namespace, so the package's build and cache entry are untouched). (Commit c7a2818's probe also built
+    the tile with 1 or 4 partial slots loaded at a time and with its products waited for late: slower,
+    docs/benchmarks.md, issue 35, twenty-fifth session.)"""
     from opforge.kernels.block_sparse.extensions import BlockSparseDecodeCuda
 
     class DecodeWgmmaProbe(BlockSparseDecodeCuda):
-        name = f"block_sparse_decode_wgmma_probe_g{group}d{defer}"
+        name = "block_sparse_decode_wgmma_probe"
         cflags = ("-DOPFORGE_DECODE_WGMMA",)
-        cuda_cflags = ("-DOPFORGE_DECODE_WGMMA", f"-DOPFORGE_DECODE_WG_GROUP={group}", f"-DOPFORGE_DECODE_WG_DEFER={defer}",
-                       "-gencode=arch=compute_90a,code=sm_90a")
+        cuda_cflags = ("-DOPFORGE_DECODE_WGMMA", "-gencode=arch=compute_90a,code=sm_90a")
 
         @classmethod
         def source_dir(cls) -> str:
@@ -95,10 +94,9 @@ def check(op, counts) -> int:
 
 def main() -> None:
     ap = probe_args(argparse.ArgumentParser())
-    ap.add_argument("--stages", default="4,6,8,12")
+    ap.add_argument("--stages", default="4,5,6")
     ap.add_argument("--ctas", default="1,2,3")
     ap.add_argument("--check", action="store_true")
-    ap.add_argument("--builds", default="2:0,2:1", help="group:defer (probe_ops), a build each")
     ap.add_argument("--json")
     ap.set_defaults(tokens="64")
     args = ap.parse_args()
@@ -106,20 +104,17 @@ def main() -> None:
     from opforge.kernels.block_sparse.buffers import split_counts
 
     dev, dt, n = torch.device("cuda"), torch.bfloat16, args.layers
-    builds = {b: probe_ops(*map(int, b.split(":"))) for b in args.builds.split(",")}
+    ops = probe_ops()
     counts = split_counts(0, 1 << 16)
     if args.check:
-        for g, ops in builds.items():
-            print(f"check, build {g}: {check(ops.forward, counts)} launches against fp64, all within 1e-2",
-                  flush=True)
-    grid = [(g, *c) for g in builds
-            for c in itertools.product(*(list(map(int, getattr(args, a).split(","))) for a in ("stages", "ctas")))]
+        print(f"check: {check(ops.forward, counts)} launches against fp64, all within 1e-2", flush=True)
+    grid = list(itertools.product(*(list(map(int, getattr(args, a).split(","))) for a in ("stages", "ctas"))))
     route = triton_impl.DECODE_ROUTE
 
     def run(m, x, cfg):
         idx = m.layout.indices(dev)
         y = torch.empty(x.shape[0], m.out_features, device=dev, dtype=x.dtype)
-        builds[cfg[0]].forward(x, m.weight_blocks, m.bias, y, idx.cols, idx.row_ptr, counts, 0, *cfg[1:], 1)
+        ops.forward(x, m.weight_blocks, m.bias, y, idx.cols, idx.row_ptr, counts, 0, *cfg, 1)
         return y
 
     out = []
@@ -133,7 +128,7 @@ def main() -> None:
             ref = mods[0](x).float()
             timings = {}
             for cfg in grid:
-                if builds[cfg[0]].grid(x, 64, 64, *cfg[1:]) == 0:
+                if ops.grid(x, 64, 64, *cfg) == 0:
                     continue
                 got = run(mods[0], x, cfg).float()
                 err = ((got - ref).abs().max() / ref.abs().max()).item()

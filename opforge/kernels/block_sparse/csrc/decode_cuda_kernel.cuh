@@ -45,12 +45,6 @@ namespace opforge_block_sparse_decode {
 __host__ __device__ constexpr int found_offset(int stages) { return 2 * stages * 8; }
 __host__ __device__ constexpr int ring_offset(int stages) { return (found_offset(stages) + 16 + 127) / 128 * 128; }
 constexpr int kWgSlack = 1024;
-#ifndef OPFORGE_DECODE_WG_DEFER
-#define OPFORGE_DECODE_WG_DEFER 0
-#endif
-// wgmma: 1 to release a block's slot only once the next slot is in (its products run meanwhile), 0 to wait
-// for them at once. Deferred, ptxas serializes the wgmmas (C7518: the wait in a divergent path).
-constexpr bool kWgDefer = OPFORGE_DECODE_WG_DEFER != 0;
 
 // The 64-token tile (8 tiles of 8) takes wgmma, W and x both in the 128-byte swizzle (decode_cuda_device.cuh):
 // 64-wide blocks (a row of a block is a swizzle's 128 bytes) of 64 or 128 rows (one warpgroup a 64).
@@ -99,7 +93,6 @@ __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, in
 
   float acc[NT][4] = {};
   int slot = 0, parity = 0;
-  int held = -1;  // wgmma: the slot whose products may still be in flight (released once the next slot is in)
   for (int k = 0; k < steps; ++k) {
     const int kb = hi - 1 - k;
     const bool flush = kb == rs || k == steps - 1;  // walking backwards: the row's part in this share ends here
@@ -107,15 +100,9 @@ __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, in
     if constexpr (uses_wgmma<NT, KQ, MT>()) {
       // the warpgroup's 64 rows of the block against every token: four k16 steps of 32 bytes in the
       // swizzled rows. x's rows past T hold whatever the slot held: they reach only y's columns past
-      // T, which nothing stores (store_strip) or adds to a stored column. The products run while the
-      // next slot fills: the slot goes back to the producer once they are done, which a row's end (its
-      // sums read) or the next slot's arrival waits for.
-      if (held >= 0) {
-        wg_wait();
-        wg_pin(acc);
-        __syncwarp();
-        if (lane == 0) bar_arrive(empty + held);
-      }
+      // T, which nothing stores (store_strip) or adds to a stored column. The products are waited for
+      // at once: waiting only once the next slot is in (a wait under a branch) made ptxas serialize the
+      // wgmmas (C7518), 0.1-0.5 us a layer slower (docs/benchmarks.md, issue 35, twenty-fifth session).
       const unsigned char* sw = ring + slot * SLOT + (m >> 2) * 64 * BW * static_cast<int>(sizeof(T));
       const unsigned char* sx = ring + slot * SLOT + BLOCK;
       wg_pin(acc);
@@ -123,15 +110,8 @@ __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, in
 #pragma unroll
       for (int s = 0; s < 2 * KQ; ++s) wg_mma64<BF16>(acc, sw128_desc(sw + 32 * s), sw128_desc(sx + 32 * s));
       wg_commit();
+      wg_wait();
       wg_pin(acc);
-      held = slot;
-      if (flush || !kWgDefer) {
-        wg_wait();
-        wg_pin(acc);
-        __syncwarp();
-        if (lane == 0) bar_arrive(empty + held);
-        held = -1;
-      }
     } else {
       const unsigned char* sw = ring + slot * SLOT + ((m * 16 + g) * BW + 8 * t) * static_cast<int>(sizeof(T));
       const unsigned char* sx = ring + slot * SLOT + BLOCK + (g * BW + 8 * t) * static_cast<int>(sizeof(T));
@@ -149,10 +129,8 @@ __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, in
         }
       }
     }
-    if constexpr (!uses_wgmma<NT, KQ, MT>()) {
-      __syncwarp();
-      if (lane == 0) bar_arrive(empty + slot);
-    }
+    __syncwarp();
+    if (lane == 0) bar_arrive(empty + slot);
     if (flush) {
       const int unit = r * MT + m;
       if (rs >= lo && re <= hi) {  // the whole row
@@ -163,12 +141,11 @@ __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, in
       } else {  // rs < lo, re <= hi: the row's last block is here; the CTAs before came in earlier
         const int c0 = rs / a.chunk;
         wait_count(a, unit, c - c0, lane);
-        // the slots of CTAs c0 .. c - 1, G loads in flight at a time, added in CTA order: four, or one
-        // of the 64-token tile's (104 registers a thread; 157 at two, 224 at four, so 2 and 1 CTAs an SM)
-#ifndef OPFORGE_DECODE_WG_GROUP
-#define OPFORGE_DECODE_WG_GROUP 1
-#endif
-        constexpr int G = NT >= 8 ? OPFORGE_DECODE_WG_GROUP : 4;
+        // the slots of CTAs c0 .. c - 1, G loads in flight at a time, added in CTA order: four, or two of
+        // the 64-token tile's (157 registers a thread, 2 CTAs an SM; four: 220 and one CTA, 2-10 us a layer
+        // slower at d >= 0.25; one: 127 and three, 0-0.8 us slower: docs/benchmarks.md, issue 35,
+        // twenty-fifth session)
+        constexpr int G = NT >= 8 ? 2 : 4;
         float sum[NT][4] = {};
         for (int w0 = c0; w0 < c; w0 += G) {
           float4 p[G][NT];
