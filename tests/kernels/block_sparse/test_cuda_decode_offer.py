@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import struct
+import subprocess
 import types
 import warnings
 
@@ -211,3 +213,16 @@ def test_the_recipe_packs_the_parameters_as_the_kernel_declares_them(fresh, monk
             assert tmap == (xt.data_ptr(), 0, 2, MAP_TYPES[torch.bfloat16], 256, 3, 512, 1536, 64, 3)
         assert struct.unpack_from("<16Q", raw, 256) == (0,) * 16  # W's map: unread by these variants
         reference.forget()
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_the_64_token_wgmma_tile_compiles_for_sm90a_without_serialized_wgmmas(tmp_path):
+    """The 64-token tile (``-DOPFORGE_DECODE_WGMMA``) is not in the package's build yet, so no GPU test builds it:
+    nvcc compiles its bf16 kernels here for sm_90a, and ptxas must not serialize their wgmmas (C7518, what a
+    wait under a branch caused: docs/benchmarks.md, issue 35, twenty-fifth session)."""
+    csrc = os.path.join(cuda_decode.BlockSparseDecodeCuda.source_dir(), "csrc")
+    done = subprocess.run(["nvcc", "-std=c++17", "-O3", "-DOPFORGE_DECODE_WGMMA", "-gencode=arch=compute_90a,code=sm_90a",
+                           "-I", csrc, "-c", os.path.join(csrc, "decode_cuda_bf16.cu"), "-o", str(tmp_path / "k.o")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "C7518" not in done.stdout + done.stderr, done.stdout + done.stderr
