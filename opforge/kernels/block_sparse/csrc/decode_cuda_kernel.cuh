@@ -142,7 +142,7 @@ __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, in
         const int c0 = rs / a.chunk;
         wait_count(a, unit, c - c0, lane);
         // the slots of CTAs c0 .. c - 1, G loads in flight at a time, added in CTA order: four, or two of
-        // the 64-token tile's (157 registers a thread, 2 CTAs an SM; four: 220 and one CTA, 2-10 us a layer
+        // the 64-token tile's (157 registers a thread, 2 CTAs an SM; four: 220 and one CTA, 2-9 us a layer
         // slower at d >= 0.25; one: 127 and three, 0-0.8 us slower: docs/benchmarks.md, issue 35,
         // twenty-fifth session)
         constexpr int G = NT >= 8 ? 2 : 4;
