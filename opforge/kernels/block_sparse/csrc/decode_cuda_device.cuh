@@ -49,7 +49,7 @@ __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uin
 }
 
 // wgmma (sm_90a: the kernel TUs built with -gencode=arch=compute_90a,code=sm_90a and
-// -DOPFORGE_DECODE_WGMMA): the 64-token tile's arithmetic (decode_cuda_kernel.cuh's consume_wg). W's
+// -DOPFORGE_DECODE_WGMMA): the 64-token tile's arithmetic (decode_cuda_kernel.cuh's consume, uses_wgmma). W's
 // rows as A and x's tokens as B, both read by the tensor cores from the ring's slot, where the copy
 // engine put them in the 128-byte swizzle: rows of 64 elements (128 bytes), 8-row groups 1024 bytes
 // apart. A warpgroup's four warps issue one m64n64k16 together; warp w of it holds rows 16 w + g and
