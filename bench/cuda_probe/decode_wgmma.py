@@ -3,12 +3,11 @@
 The package's CUDA decode kernel (``opforge/kernels/block_sparse/csrc``) stops at 32 tokens: at 64, each of
 its four consumer warps read all of x's 8 KB slice a block from shared memory for its ``mma.sync``, and
 the kernel ran at 1.07-1.35x the Triton route's time (docs/benchmarks.md, issue 35, twenty-second session).
-Built with ``-DOPFORGE_DECODE_WGMMA`` for sm_90a, the same sources also compile a 64-token tile whose
-warpgroup multiplies with wgmma straight from the ring's slot (W and x both brought in by the copy
-engine in the 128-byte swizzle), so x's slice is read once a block. This probe builds that variant as an
-extension of its own (the package's build is unchanged), checks it against fp64 on the layouts the
-package's tests use, and times it on issue 35's rows against the route, dense and cuBLAS on the same
-bytes: 16 rotated layers, graph-replayed, GPU µs per layer.
+Built for sm_90a, the same sources also compile a 64-token tile whose warpgroup multiplies with wgmma
+straight from the ring's slot (W and x both brought in by the copy engine in the 128-byte swizzle), so x's
+slice is read once a block. This probe checks that tile against fp64 on the layouts the package's tests
+use, and times it on issue 35's rows against the route, dense and cuBLAS on the same bytes: 16 rotated
+layers, graph-replayed, GPU µs per layer.
 
 Usage::
 
@@ -31,22 +30,13 @@ from decode_floor import graph_us, issue_rows, probe_args  # noqa: E402
 
 
 def probe_ops():
-    """The decode extension's sources built with the 64-token wgmma tile, for sm_90a (its own name and op
-    namespace, so the package's build and cache entry are untouched). (Commit c7a2818's probe also built
+    """The package's CUDA decode ops, whose build has the 64-token wgmma tile on sm_90a since 2f1e0b1. (Commit
+    c7a2818's probe built it apart, with -DOPFORGE_DECODE_WGMMA, when the package's build did not; it also built
     the tile with 1 or 4 partial slots loaded at a time and with its products waited for late: slower,
     docs/benchmarks.md, issue 35, twenty-fifth session.)"""
-    from opforge.kernels.block_sparse.extensions import BlockSparseDecodeCuda
+    from opforge.kernels.block_sparse import cuda_decode
 
-    class DecodeWgmmaProbe(BlockSparseDecodeCuda):
-        name = "block_sparse_decode_wgmma_probe"
-        cflags = ("-DOPFORGE_DECODE_WGMMA",)
-        cuda_cflags = ("-DOPFORGE_DECODE_WGMMA", "-gencode=arch=compute_90a,code=sm_90a")
-
-        @classmethod
-        def source_dir(cls) -> str:
-            return BlockSparseDecodeCuda.source_dir()
-
-    return DecodeWgmmaProbe().load().ops
+    return cuda_decode.ops()
 
 
 def reference(x, w, b, cols, row_ptr, n_out):

@@ -63,6 +63,24 @@ def fallback_cuda_arch_flags(arch_list: str | None, capabilities: list[tuple[int
     return sorted(flags)
 
 
+ARCH_SPECIFIC = "-DOPFORGE_ARCH_SPECIFIC=1"
+"""In an extension's ``extra_cuda_cflags`` (and its C++ flags, for its host code): its sm_90 code is
+built as sm_90a (wgmma, setmaxnreg: Hopper's arch-specific features, which run on compute capability 9.0
+only). So where this define is set, a 9.0 GPU runs the build's sm_90a code, or else PTX older than
+compute_90 (a list without 9.0), never sm_90 code. PTX (``+PTX``) stays compute_90, for the GPUs after it.
+In the key, as every flag is."""
+
+
+def arch_specific(flags: list[str]) -> list[str]:
+    """``-gencode`` flags with sm_90's SASS built as sm_90a (``ARCH_SPECIFIC``).
+
+    >>> arch_specific(['-gencode=arch=compute_80,code=sm_80', '-gencode=arch=compute_90,code=compute_90',
+    ...                '-gencode=arch=compute_90,code=sm_90'])
+    ['-gencode=arch=compute_80,code=sm_80', '-gencode=arch=compute_90,code=compute_90', '-gencode=arch=compute_90a,code=sm_90a']
+    """
+    return [f.replace("arch=compute_90,code=sm_90", "arch=compute_90a,code=sm_90a") for f in flags]
+
+
 def cuda_arch_flags(extra_cuda_cflags: tuple[str, ...], settings: Settings) -> list[str]:
     from torch.utils import cpp_extension
 
@@ -140,7 +158,8 @@ def derive(spec: BuildSpec, settings: Settings) -> Flags:
         from torch.utils import cpp_extension
 
         cuda_cflags = common + list(cpp_extension.COMMON_NVCC_FLAGS)
-        cuda_cflags += cuda_arch_flags(spec.extra_cuda_cflags, settings)
+        arch = cuda_arch_flags(spec.extra_cuda_cflags, settings)
+        cuda_cflags += arch_specific(arch) if ARCH_SPECIFIC in spec.extra_cuda_cflags else arch
         cuda_cflags += ["--compiler-options", "-fPIC", *spec.extra_cuda_cflags]
         if not any(f.startswith("-std=") for f in cuda_cflags):
             cuda_cflags.append(std)

@@ -136,6 +136,30 @@ def test_arch_flags_fall_back_when_torch_lacks_the_private_helper(monkeypatch):
     assert flags.cuda_arch_flags(("-arch=sm_80",), s) == []
 
 
+@pytest.mark.parametrize("archs, built", [
+    ("8.0;9.0+PTX", ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=compute_90",
+                     "-gencode=arch=compute_90a,code=sm_90a"]),
+    ("9.0a", ["-gencode=arch=compute_90a,code=sm_90a"]),
+    ("8.0+PTX", ["-gencode=arch=compute_80,code=compute_80", "-gencode=arch=compute_80,code=sm_80"]),
+])
+def test_an_arch_specific_build_makes_sm_90_code_sm_90a(archs, built, spec_of, monkeypatch):
+    """``flags.ARCH_SPECIFIC`` in an extension's nvcc flags: its sm_90 SASS is sm_90a (the 64-token wgmma tile of
+    block_sparse's decode kernel), PTX stays compute_90, other archs as they were; without it, nothing moves."""
+    make, _ = spec_of
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", archs)
+    monkeypatch.setattr(flags, "_ask_torch", lambda device, version: {"include": [], "lib": ["/t"], "std": "-std=c++17"})
+    env = {"TORCH_CUDA_ARCH_LIST": archs}
+    s = settings.current({"PATH": os.environ["PATH"], **env})
+    base = make(env=env)
+    plain = flags.derive(dataclasses.replace(base, with_cuda=True), s)
+    special = flags.derive(dataclasses.replace(base, with_cuda=True, extra_cuda_cflags=(flags.ARCH_SPECIFIC,)), s)
+    gencode = sorted(f for f in special.cuda_cflags if f.startswith("-gencode"))
+    assert gencode == built
+    assert sorted(f for f in plain.cuda_cflags if f.startswith("-gencode")) == sorted(
+        f.replace("compute_90a,code=sm_90a", "compute_90,code=sm_90") if archs != "9.0a" else f for f in built)
+    assert flags.ARCH_SPECIFIC in special.cuda_cflags
+
+
 def test_derived_flags_follow_torch(spec_of):
     make, _ = spec_of
     spec = make(cflags=["-O3"])

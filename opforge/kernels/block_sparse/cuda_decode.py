@@ -7,8 +7,9 @@ bounded by shared memory rather than registers, and walks its share of the block
 rows cut between CTAs are summed with one trip to memory (``csrc/decode_cuda_kernel.cuh``).
 
 * **Where:** sm_90 and newer, float16 and bfloat16, 1 to 32 tokens, blocks of 32, 64 or 128 on
-  each side, x and w contiguous and 16-byte aligned, b contiguous (``offered``). Anything else, or
-  ``OPFORGE_BLOCK_SPARSE_CUDA=0``, is not offered and the Triton kernels take the call.
+  each side; 33 to 64 tokens (a 64-token tile through wgmma: sm_90a, so compute capability 9.0 only) for
+  blocks 64 wide and 64 or 128 high; x and w contiguous and 16-byte aligned, b contiguous (``offered``).
+  Anything else, or ``OPFORGE_BLOCK_SPARSE_CUDA=0``, is not offered and the Triton kernels take the call.
 * **Built** on first use (a stable-ABI extension of its own, like ``native_autograd.py``'s, so one
   binary serves every torch from 2.10): the first decode call on an sm_90 GPU with an empty cache
   waits for nvcc, about 11 s for each dtype's TU, the two built in parallel; ``OPFORGE_BUILD=block_sparse``
@@ -41,13 +42,16 @@ from .buffers import split_counts, split_partials
 from .extensions import BlockSparseDecodeCuda
 from .triton_sizing import bucket, depth
 
-MAX_TOKENS = 32
-"""The most tokens the compiled variants take (8-token tiles 1, 2, 4). A tile of 64 tokens (8 x 8) ran
-at 1.6-1.8x the Triton kernels' time on the H100 when each consumer warp loaded the whole x tile a block
-from global memory (docs/benchmarks.md, issue 35, thirteenth session), and still at 1.07-1.35x on the
-H200 with x through the ring in one copy a block (twenty-second session): each of the four consumer
-warps reads all of x's 8 KB from shared memory for its mma.sync, where the Triton kernels' wgmma reads
-it once."""
+MAX_TOKENS = 64
+"""The most tokens the compiled variants take: 8-token tiles 1, 2, 4 through mma.sync, and 8 through
+wgmma. With mma.sync a 64-token tile ran at 1.07-1.35x the Triton kernels' time on the H200 (each of the
+four consumer warps read all of x's 8 KB slice a block from shared memory: twenty-second session); with
+wgmma, which reads it once a block, it runs 8-18% under the Triton route on 14336->4096 at T=64
+(docs/benchmarks.md, issue 35, twenty-fifth session)."""
+WGMMA_TOKENS = 32
+"""Past this many tokens the kernel takes the 64-token wgmma tile: W and x in the 128-byte swizzle."""
+SWIZZLE_128B = 3
+"""``CU_TENSOR_MAP_SWIZZLE_128B``."""
 SIDES = (32, 64, 128)
 """The block sides compiled (either side)."""
 PAIRS = ((4, 4), (6, 4), (2, 3), (2, 4), (2, 8), (3, 8), (4, 2))
@@ -108,9 +112,11 @@ def recipe(choice, prefix: tuple, inputs: tuple, outputs: list) -> Recipe | str:
     """The native_launch recipe of the op's launch with ``prefix`` (``_fwd_prefix``'s: x, w, b or None,
     y, cols, row_ptr, counts, chunk) and ``choice``: the kernel's parameters are ``Args``'s fields (the
     partial-sum slots and the counts held: ``buffers.split_partials``, where the op allocates its slots each
-    call), the ring's slots, x's tensor map and W's (unread by the variants built here: ``csrc/decode_cuda.h``)."""
+    call), the ring's slots, x's tensor map and W's (``csrc/decode_cuda.h``): past ``WGMMA_TOKENS`` both in the
+    128-byte swizzle, W read as ``(nnz * bh, bw)``; up to it x's plain and W's 128 zero bytes (unread)."""
     x, w, b, y, cols, row_ptr, counts, chunk = prefix
     stages, ctas, overlap = choice.values
+    wide = x.shape[0] > WGMMA_TOKENS  # the 64-token tile: both maps in the 128-byte swizzle
     function, grid, threads, shared, share, slots = ops().describe.default(x, w, chunk, stages, ctas)
     part = split_partials(x.device.index, slots)
     tokens, k_in = x.shape
@@ -119,7 +125,8 @@ def recipe(choice, prefix: tuple, inputs: tuple, outputs: list) -> Recipe | str:
     args = Struct((x, w, b, y, cols, row_ptr, part, counts, Int(tokens), Int(k_in), Int(n_out), Int(bh), Int(n_out // bh),
                    Int(nnz), Int(share)))
     return recipe_of_function(function, (grid,), threads, shared, overlap,
-                              (args, Int(stages), Map(x if tokens > 1 else None, (tokens, bw)), Map(None, (bh, bw))),
+                              (args, Int(stages), Map(x if tokens > 1 else None, (tokens, bw), swizzle=SWIZZLE_128B * wide),
+                               Map(w if wide else None, (bh, bw), rows=nnz * bh * wide, swizzle=SWIZZLE_128B * wide)),
                               inputs, outputs)
 
 

@@ -44,6 +44,10 @@ class BlockSparseDecodeCuda(CudaExtension):
 
     name, kind = "block_sparse_decode_cuda", "block_sparse"
     include_dirs = ("../common/csrc", "csrc")
+    # sm_90 built as sm_90a (engine.flags.ARCH_SPECIFIC, spelled out: registering imports no engine code): the
+    # 64-token tile's wgmma; the host code (decode_cuda.cpp's token limit) sees the define too
+    cflags = ("-DOPFORGE_ARCH_SPECIFIC=1",)
+    cuda_cflags = ("-DOPFORGE_ARCH_SPECIFIC=1",)
     # the ops, the grid and launch, the kernels of each dtype: four TUs, built in parallel
     sources = ("csrc/decode_cuda.cpp", "csrc/decode_cuda_launch.cu", "csrc/decode_cuda_bf16.cu",
                "csrc/decode_cuda_f16.cu")

@@ -53,11 +53,15 @@ class Struct(NamedTuple):
 
 
 class Map(NamedTuple):
-    """A ``CUtensorMap`` parameter: ``tensor`` (float16, bfloat16 or float32) by its sizes and strides,
-    read in boxes of ``box`` (outermost first), no swizzle; None: 128 zero bytes (unread)."""
+    """A ``CUtensorMap`` parameter: ``tensor`` (float16, bfloat16 or float32) by its sizes and strides, or
+    as ``(rows, numel // rows)`` when ``rows`` (contiguous; box of rank 2), read in boxes of ``box``
+    (outermost first) in ``swizzle`` (``CUtensorMapSwizzle``: 0 none, 3 the 128-byte one); None: 128 zero
+    bytes (unread)."""
 
     tensor: torch.Tensor | None
     box: tuple
+    rows: int = 0
+    swizzle: int = 0
 
 
 MAP_TYPES = {torch.float16: 6, torch.float32: 7, torch.bfloat16: 9}
@@ -124,8 +128,8 @@ def recipe_of_function(function: int, grid: tuple, threads: int, shared: int, de
             if a.tensor is not None and a.tensor.dtype not in MAP_TYPES:
                 return f"a tensor map of {a.tensor.dtype}"
             t = a.tensor
-            program += [reference.MAP, -1 if t is None else src(t), 0, 0 if t is None else t.element_size(),
-                        0 if t is None else MAP_TYPES[t.dtype], len(a.box), *a.box]
+            program += [reference.MAP, -1 if t is None else src(t), a.rows, a.swizzle,
+                        0 if t is None else t.element_size(), 0 if t is None else MAP_TYPES[t.dtype], len(a.box), *a.box]
         else:
             got = scalar(a)
             if isinstance(got, str):

@@ -89,9 +89,11 @@ class _Recipe:
                 self.slots.append((STRUCT, n, align))
                 i += 2
             elif kind == MAP:
-                nd = program[i + 5]
-                self.slots.append((MAP, *program[i + 1:i + 5], tuple(program[i + 6:i + 6 + nd])))
-                i += 6 + nd
+                nd = program[i + 6]
+                if not (1 <= nd <= 5 and (program[i + 2] == 0 or nd == 2)):
+                    raise RuntimeError(f"native_launch.define: a tensor map of rank {nd}")
+                self.slots.append((MAP, *program[i + 1:i + 6], tuple(program[i + 7:i + 7 + nd])))
+                i += 7 + nd
             else:
                 raise RuntimeError(f"native_launch.define: a bad slot (kind {kind}) at {i}")
 
@@ -139,11 +141,11 @@ def pack(table, t0, t1, t2, t3, t4, t5, s0, s1) -> list:
             width, value = slot[1], slot[2]
             put((value & ((1 << (8 * width)) - 1)).to_bytes(width, "little"), width)
         elif slot[0] == MAP:
-            _, s, swizzle, elem_size, elem_type, box = slot
+            _, s, rows, swizzle, elem_size, elem_type, box = slot
             if s < 0:  # a map the kernel doesn't read: zeros
                 put(bytes(MAP_BYTES), 128)
             else:
-                put(_map(src[s], 0, swizzle, elem_size, elem_type, box), 128)
+                put(_map(src[s], rows, swizzle, elem_size, elem_type, box), 128)
         else:
             _, s, rows, swizzle, elem_size, elem_type, box = slot
             put(_map(src[s], rows, swizzle, elem_size, elem_type, box), 128)

@@ -229,6 +229,12 @@ def test_graph_replay_equals_eager(tokens, route):
 needs_hopper = pytest.mark.skipif(not HOPPER, reason="the CUDA decode kernel needs sm_90 or newer")
 
 
+def compiled(tokens: int, block) -> bool:
+    """Whether the CUDA kernel has a variant for this many tokens and blocks: past 32 tokens (the wgmma tile,
+    on compute capability 9.0 only), blocks 64 wide, 64 or 128 high."""
+    return tokens <= 32 or (block[1] == 64 and block[0] in (64, 128) and torch.cuda.get_device_capability() == (9, 0))
+
+
 def run_cuda(lay, w, x, b, chunk: int, stages: int = 3, ctas: int = 2, overlap: int = 0):
     """The CUDA kernel with an explicit share a CTA (0: the grid's equal share); y starts as NaN, so an
     output stored by nobody shows."""
@@ -246,7 +252,11 @@ def test_the_cuda_kernel_is_offered_where_it_should_be():
     lay, w, x, b, _ = case(ragged(6), (64, 64), 17, torch.bfloat16)
     assert cuda_decode.offered(x, w, b) and cuda_decode.offered(x, w, None)
     assert cuda_decode.offered(torch.zeros(32, x.shape[1], device="cuda", dtype=x.dtype), w, b)
-    assert not cuda_decode.offered(torch.zeros(33, x.shape[1], device="cuda", dtype=x.dtype), w, b)  # T > 32
+    sm90a = torch.cuda.get_device_capability() == (9, 0)  # the 64-token wgmma tile's GPUs
+    assert cuda_decode.offered(torch.zeros(64, x.shape[1], device="cuda", dtype=x.dtype), w, b) == sm90a
+    assert not cuda_decode.offered(torch.zeros(65, x.shape[1], device="cuda", dtype=x.dtype), w, b)  # T > 64
+    _, w32, x32, _, _ = case(ragged(6), (32, 32), 40, torch.bfloat16)
+    assert not cuda_decode.offered(x32, w32, None)  # past 32 tokens: 64-wide blocks only
     assert not cuda_decode.offered(x.float(), w.float(), None)  # fp32: the Triton kernels
     assert not cuda_decode.offered(x, w.transpose(1, 2), b)  # not contiguous
     _, w16, x16, _, _ = case(ragged(6), (16, 16), 1, torch.bfloat16)
@@ -306,12 +316,14 @@ def test_the_route_runs_the_cuda_kernel_when_it_comes_first(monkeypatch):
 @needs_hopper
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("block", [(32, 32), (64, 64), (128, 64), (32, 128)], ids=lambda b: f"{b[0]}x{b[1]}")
-@pytest.mark.parametrize("tokens", [1, 2, 17, 32])
+@pytest.mark.parametrize("tokens", [1, 2, 17, 32, 33, 64])
 def test_the_cuda_kernel_replays_from_cpp_bit_for_bit(tokens, block, dtype, monkeypatch):
     """After a call shape's first launch through the op, its recipe is defined (``cuda_decode.recipe``:
-    Args as a struct, x's tensor map, the partial slots and the counts held), and later
+    Args as a struct, x's tensor map, W's past 32 tokens, the partial slots and the counts held), and later
     calls launch from C++ (a native hit each) with the op's results bit for bit, on this call's
     tensors: another x (a new tensor map), a bias or none, empty rows and a full one."""
+    if not compiled(tokens, block):
+        pytest.skip("no variant for these tokens and blocks")
     ops, why = native_ops()
     assert ops is not None, why
     names = triton_impl.DECODE_ROUTE.names
@@ -349,10 +361,12 @@ def test_the_cuda_kernel_replays_from_cpp_bit_for_bit(tokens, block, dtype, monk
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("block", [(32, 32), (64, 64), (128, 64), (32, 128), (128, 128)],
                          ids=lambda b: f"{b[0]}x{b[1]}")
-@pytest.mark.parametrize("tokens", [1, 2, 17, 32])
+@pytest.mark.parametrize("tokens", [1, 2, 17, 32, 33, 64])
 def test_every_way_the_cuda_kernels_shares_cut_the_rows(tokens, block, dtype):
     """Shares of 1, 2, 3, 5 and 7 blocks, of all, of more than all (and the grid's own): rows whole
     in a CTA, cut at one end or both, over many CTAs; empty rows anywhere; with and without a bias."""
+    if not compiled(tokens, block):
+        pytest.skip("no variant for these tokens and blocks")
     for _, mask in layouts(block[0]):
         for bias in (True, False):
             lay, w, x, b, ref = case(mask, block, tokens, dtype, bias)
@@ -363,7 +377,7 @@ def test_every_way_the_cuda_kernels_shares_cut_the_rows(tokens, block, dtype):
 @needs_hopper
 @pytest.mark.parametrize("stages, ctas, overlap", [(1, 1, 0), (2, 3, 1), (8, 1, 0), (4, 64, 1), (6, 1, 1)])
 def test_every_ring_depth_ctas_an_sm_and_overlap(stages, ctas, overlap):
-    for tokens in (9, 32):  # x's box 9 or 32 rows high
+    for tokens in (9, 32, 64) if compiled(64, (64, 64)) else (9, 32):  # x's box 9, 32 or 64 rows high
         lay, w, x, b, ref = case(ragged(9), (64, 64), tokens, torch.bfloat16)
         for chunk in (0, 2, 5):
             close(run_cuda(lay, w, x, b, chunk, stages, ctas, overlap), ref, torch.bfloat16)

@@ -169,9 +169,9 @@ def args_fields() -> list[str]:
 def test_the_recipe_packs_the_parameters_as_the_kernel_declares_them(fresh, monkeypatch):
     """Without a GPU: ``cuda_decode.recipe`` (the launch replayed from C++) gives the kernel ``Args``'s
     fields in the header's order (a struct by value: 8 pointers and 7 ints, 96 bytes), then the ring's
-    slots, x's tensor map and W's (128 zero bytes: read by the 64-token tile only, which the package's build
-    does not compile), packed (the Python contract of native_launch) at the offsets the kernel reads them
-    from; the partial slots (a kept buffer of describe's size) and the counts held."""
+    slots, x's tensor map and W's (128 zero bytes: read by the 64-token tile only), packed (the Python
+    contract of native_launch) at the offsets the kernel reads them from; the partial slots (a kept buffer
+    of describe's size) and the counts held."""
     from opforge.kernels.native_launch import reference
     from opforge.kernels.native_launch.recipe import MAP_TYPES
 
@@ -226,3 +226,27 @@ def test_the_64_token_wgmma_tile_compiles_for_sm90a_without_serialized_wgmmas(tm
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "C7518" not in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+def test_the_64_token_tiles_recipe_reads_x_and_w_in_the_128_byte_swizzle(fresh, monkeypatch):
+    """Past 32 tokens (the wgmma tile) x's map is in the 128-byte swizzle, and W's reads the blocks
+    (nnz, bh, bw) as (nnz * bh, bw) rows, a block a box, in it too: as ``csrc/decode_cuda_launch.cu``'s
+    ``x_map`` and ``w_map`` encode them for a launch through the op."""
+    from opforge.kernels.native_launch import reference
+    from opforge.kernels.native_launch.recipe import MAP_TYPES
+
+    fake = types.SimpleNamespace(describe=types.SimpleNamespace(default=lambda *a: [0xF00, 264, 160, 99000, 2, 4096]))
+    monkeypatch.setattr(cuda_decode, "_OPS", [fake])
+    monkeypatch.setattr(cuda_decode, "split_partials", lambda device, n: torch.zeros(n, dtype=torch.int32))
+    counts = torch.zeros(4096, dtype=torch.int32)
+    x, w = torch.randn(40, 256, dtype=torch.bfloat16), torch.randn(5, 128, 64, dtype=torch.bfloat16)
+    y, cols, row_ptr = torch.empty(40, 384, dtype=torch.bfloat16), torch.zeros(5, dtype=torch.long), torch.zeros(4, dtype=torch.long)
+    ins = (x, w, None, cols, row_ptr, None)
+    r = cuda_decode.recipe(types.SimpleNamespace(values=(4, 2, 1)), (x, w, None, y, cols, row_ptr, counts, 0), ins,
+                           [(y, True)])
+    reference.define(32, *ins, 384, 0, r.launch, r.outputs, r.program, r.held)
+    raw = bytes(reference.pack(32, *ins, 384, 0)[0].tolist())
+    bf16 = MAP_TYPES[torch.bfloat16]
+    assert struct.unpack_from("<10Q", raw, 128) == (x.data_ptr(), 3, 2, bf16, 256, 40, 512, 20480, 64, 40)
+    assert struct.unpack_from("<10Q", raw, 256) == (w.data_ptr(), 3, 2, bf16, 64, 640, 128, 81920, 64, 128)
+    reference.forget()

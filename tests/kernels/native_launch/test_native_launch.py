@@ -81,32 +81,38 @@ def test_pack_matches_the_contract_for_every_kind_of_slot(ops):
 
 
 def test_a_struct_and_a_bare_map_are_packed_as_a_cuda_kernel_takes_them(ops):
-    """A CUDA C++ kernel's parameters (the block-sparse decode kernel's: a struct by value, an int, a
-    ``__grid_constant__ CUtensorMap``): the struct's fields at C's offsets and its tail padded to its
-    alignment, the map 128-aligned with no sizes or strides after it, and a map of -1 all zeros."""
+    """A CUDA C++ kernel's parameters (the block-sparse decode kernel's: a struct by value, an int,
+    ``__grid_constant__ CUtensorMap``s): the struct's fields at C's offsets and its tail padded to its
+    alignment, a map 128-aligned with no sizes or strides after it, a map of -1 all zeros, and a map of a
+    rank-3 tensor read as rows in the 128-byte swizzle."""
     x = torch.randn(4, 8, dtype=torch.bfloat16)
     w = torch.randn(3, 2, 4)
     counts = torch.zeros(5, dtype=torch.int32)
     program = [reference.STRUCT, 5, reference.PTR, 0, reference.INT, 4, 7, reference.PTR, 32, reference.INT, 4, -3,
                reference.INT, 8, 0,  # 0: 8, 8: int at 8, 16: held, 24: int, 32: a null pointer -> 40 bytes
                reference.INT, 4, 6,  # at 40
-               reference.MAP, 0, 0, 2, 9, 2, 4, 8,  # x by its sizes, box (4, 8): at 128
-               reference.MAP, -1, 0, 2, 9, 1, 8,  # zeros: at 256
-               reference.STRUCT, 2, reference.INT, 2, 5, reference.INT, 1, 1,  # 2 bytes aligned: at 384, 4 bytes
-               reference.PTR, 1]  # at 392
+               reference.MAP, 0, 0, 0, 2, 9, 2, 4, 8,  # x by its sizes, box (4, 8): at 128
+               reference.MAP, -1, 0, 0, 2, 9, 1, 8,  # zeros: at 256
+               reference.MAP, 1, 6, 3, 4, 7, 2, 2, 4,  # w (3, 2, 4) as 6 rows, swizzled, box (2, 4): at 384
+               reference.STRUCT, 2, reference.INT, 2, 5, reference.INT, 1, 1,  # 2 bytes aligned: at 512, 4 bytes
+               reference.PTR, 1]  # at 520
     args = (23, x, w, None, None, None, None, 0, 0, [7, 2, 1, 1, 4, 0], [], program, [counts])
     got, want = _both(ops, args)
     raw = bytes(got[0].tolist())
-    assert raw == bytes(want[0].tolist()) and len(raw) == 400
+    assert raw == bytes(want[0].tolist()) and len(raw) == 528
     assert struct.unpack_from("<QiiQiiQ", raw, 0) == (x.data_ptr(), 7, 0, counts.data_ptr(), -3, 0, 0)
     assert struct.unpack_from("<i", raw, 40) == (6,)
     assert struct.unpack_from("<10Q", raw, 128) == (x.data_ptr(), 0, 2, 9, 8, 4, 16, 64, 8, 4)
     assert raw[208:256] == bytes(48) and raw[256:384] == bytes(128)
-    assert struct.unpack_from("<hb5xQ", raw, 384) == (5, 1, w.data_ptr())
+    assert struct.unpack_from("<10Q", raw, 384) == (w.data_ptr(), 3, 4, 7, 4, 6, 16, 96, 4, 2)
+    assert struct.unpack_from("<hb5xQ", raw, 512) == (5, 1, w.data_ptr())
     for define in (ops.define, reference.define):
         with pytest.raises(RuntimeError, match="not a pointer or an integer"):
             define(24, x, None, None, None, None, None, 0, 0, [7, 1, 1, 1, 1, 0], [],
-                   [reference.STRUCT, 2, reference.PTR, 0, reference.MAP, 0, 0, 2, 9, 1, 8], [])
+                   [reference.STRUCT, 2, reference.PTR, 0, reference.MAP, 0, 0, 0, 2, 9, 1, 8], [])
+        with pytest.raises(RuntimeError, match="tensor map of rank 3"):  # rows read a tensor as rank 2 only
+            define(24, x, None, None, None, None, None, 0, 0, [7, 1, 1, 1, 1, 0], [],
+                   [reference.MAP, 1, 6, 0, 4, 7, 3, 1, 2, 4], [])
 
 
 def test_a_cuda_kernels_recipe_lists_its_parameters():
@@ -114,7 +120,8 @@ def test_a_cuda_kernels_recipe_lists_its_parameters():
     x, w, b = torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(3, 2, 8, dtype=torch.bfloat16), None
     y = torch.zeros(4, 6, dtype=torch.bfloat16)
     part, counts = torch.empty(12, device="meta"), torch.zeros(5, dtype=torch.int32)
-    params = (Struct((x, w, b, y, part, counts, Int(4), Int(7, 8))), Int(3), Map(x, (4, 8)), Map(None, (1, 8)))
+    params = (Struct((x, w, b, y, part, counts, Int(4), Int(7, 8))), Int(3), Map(x, (4, 8)), Map(None, (1, 8)),
+              Map(w, (2, 8), rows=6, swizzle=3))
     r = recipe_of_function(0xABC, (66,), 160, 4096, True, params, (x, w, None, None, None, None),
                            [(y, True), (part, False)])
     assert r.launch == [0xABC, 66, 1, 1, 5, 4096, 1]
@@ -122,8 +129,8 @@ def test_a_cuda_kernels_recipe_lists_its_parameters():
     assert r.held == [counts]
     assert r.program == [reference.STRUCT, 8, reference.PTR, 0, reference.PTR, 1, reference.INT, 8, 0,
                          reference.PTR, 16, reference.PTR, 17, reference.PTR, 32, reference.INT, 4, 4,
-                         reference.INT, 8, 7, reference.INT, 4, 3, reference.MAP, 0, 0, 2, 9, 2, 4, 8,
-                         reference.MAP, -1, 0, 0, 0, 2, 1, 8]
+                         reference.INT, 8, 7, reference.INT, 4, 3, reference.MAP, 0, 0, 0, 2, 9, 2, 4, 8,
+                         reference.MAP, -1, 0, 0, 0, 0, 2, 1, 8, reference.MAP, 1, 6, 3, 2, 9, 2, 2, 8]
     assert "whole warps" in recipe_of_function(0xABC, (1,), 48, 0, False, (), (x,) * 6, [])
     assert "given float" in recipe_of_function(0xABC, (1,), 32, 0, False, (1.5,), (x,) * 6, [])
     assert "struct's field" in recipe_of_function(0xABC, (1,), 32, 0, False, (Struct((2,)),), (x,) * 6, [])
@@ -136,7 +143,8 @@ def test_a_cuda_kernels_recipe_lists_its_parameters():
     st.tuples(st.just("int"), st.sampled_from([1, 2, 4, 8]), st.integers(-(2**31), 2**31 - 1)),
     st.tuples(st.just("tma"), st.sampled_from([0, 1]), st.sampled_from([0, 4]), st.sampled_from([0, 1, 2, 3]),
               st.sampled_from([1, 2, 4]), st.sampled_from([(1, 1), (2, 4), (4, 2)])),
-    st.tuples(st.just("map"), st.sampled_from([-1, 0]), st.sampled_from([1, 2, 4]), st.sampled_from([(1, 1), (2, 4)])),
+    st.tuples(st.just("map"), st.sampled_from([-1, 0, 1]), st.sampled_from([0, 3]), st.sampled_from([1, 2, 4]),
+              st.sampled_from([(1, 1), (2, 4)])),
     st.tuples(st.just("struct"), st.lists(st.one_of(
         st.tuples(st.just("ptr"), st.sampled_from([0, 1, 16, 32])),
         st.tuples(st.just("int"), st.sampled_from([1, 2, 4, 8]), st.integers(-(2**31), 2**31 - 1))),
@@ -154,8 +162,8 @@ def test_pack_matches_the_contract_on_any_program(ops, slots, rows, offset):
     for s in slots:
         if s[0] in ("ptr", "int"):
             program += scalar(s)
-        elif s[0] == "map":  # a bare map of x by its sizes (rank 2), or zeros
-            program += [reference.MAP, s[1], 0, s[2], 7, 2, *s[3]]
+        elif s[0] == "map":  # a bare map of x by its sizes (rank 2), of w (rank 3) as rows, or zeros
+            program += [reference.MAP, s[1], rows * 2 if s[1] == 1 else 0, s[2], s[3], 7, 2, *s[4]]
         elif s[0] == "struct":
             program += [reference.STRUCT, len(s[1])] + [v for f in s[1] for v in scalar(f)]
         else:

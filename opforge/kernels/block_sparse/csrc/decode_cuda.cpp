@@ -5,7 +5,7 @@
 // Ops, registered under the namespace given by -DOPFORGE_NS=<name> (cuda_decode.py calls them):
 //   forward(Tensor x, Tensor w, Tensor? b, Tensor(a!) y, Tensor cols, Tensor row_ptr,
 //           Tensor(b!) counts, int chunk, int stages, int ctas, int overlap) -> ()
-//     y = x Wᵀ (+ b): x (T, in) with 1 <= T <= 32 and w (nnz, bh, bw) contiguous, float16 or
+//     y = x Wᵀ (+ b): x (T, in) with 1 <= T <= 64 (33-64: 64-wide blocks on sm_90a only) and w (nnz, bh, bw) contiguous, float16 or
 //     bfloat16, 16-byte aligned, bh and bw of 32, 64 or 128; b (out) of x's dtype, contiguous; y
 //     (T, out) of x's dtype, contiguous; cols (nnz) and row_ptr (out / bh + 1) int64, the layout's;
 //     counts int32 zeros of at least (out / bh) * (bh / 16) elements, left at zero (one buffer a

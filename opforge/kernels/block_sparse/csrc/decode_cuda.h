@@ -6,7 +6,7 @@
 // * decode_cuda_{bf16,f16}.cu: the kernels of one dtype (decode_cuda_kernel.cuh), built in
 //   parallel; each exports its kernel table.
 //
-// y = x Wᵀ (+ b) for 1 <= T <= 32 tokens, W's kept blocks stored (nnz, bh, bw) in block-row order
+// y = x Wᵀ (+ b) for 1 <= T <= kMaxTokens tokens (below), W's kept blocks stored (nnz, bh, bw) in block-row order
 // (row_ptr, cols: int64). sm_90 and newer only (the copy engine's cp.async.bulk and mbarriers):
 // elsewhere grid_of() offers nothing and the Triton kernels take the call.
 #pragma once
@@ -20,7 +20,12 @@ namespace opforge_block_sparse_decode {
 
 // The variants compiled: bh and bw of 32, 64 or 128, 8-token tiles 1, 2 or 4; built with
 // -DOPFORGE_DECODE_WGMMA (and for sm_90a), also the 64-token tile (8 tiles of 8) through wgmma for 64 x 64
-// and 128 x 64 blocks.
+// and 128 x 64 blocks. The package's build sets OPFORGE_ARCH_SPECIFIC (engine/flags.py): a compute
+// capability 9.0 GPU then runs this binary's sm_90a code, or PTX older than compute_90, which grid_of()
+// refuses; so the tile is in.
+#if defined(OPFORGE_ARCH_SPECIFIC) && !defined(OPFORGE_DECODE_WGMMA)
+#define OPFORGE_DECODE_WGMMA 1
+#endif
 #ifdef OPFORGE_DECODE_WGMMA
 constexpr int kMaxTokens = 64;
 #else

@@ -31,8 +31,8 @@
 // held); [1, width, value] an integer of 1, 2, 4 or 8 bytes; [3, src, rows, swizzle,
 // elem_size, elem_type, ndim, box...] a TMA descriptor of src (read as (rows, numel / rows)
 // when rows > 0, else by its sizes and strides), then its ndim int32 sizes and ndim int64
-// strides, as triton's launcher passes them; [4, src, swizzle, elem_size, elem_type, ndim, box...]
-// a bare tensor map of src by its sizes and strides (a CUDA C++ kernel's __grid_constant__
+// strides, as triton's launcher passes them; [4, src, rows, swizzle, elem_size, elem_type, ndim, box...]
+// a bare tensor map of src by its sizes and strides, or as (rows, numel / rows) when rows > 0 (a CUDA C++ kernel's __grid_constant__
 // CUtensorMap), or 128 zero bytes when src is -1 (a map the kernel doesn't read at that shape);
 // [5, n] the next n slots, pointers and integers, are the fields of one parameter, a struct passed
 // by value (laid out as C does: aligned to its widest field, each field at its own alignment).

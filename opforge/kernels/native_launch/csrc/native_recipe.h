@@ -137,18 +137,19 @@ inline Recipe make_recipe(const std::vector<int64_t>& launch, const std::vector<
       for (int64_t d = 0; d < nd; ++d) add(Param{kInt, 0, 8}, 8, 8);  // strides
       r.params[r.params.size() - 2 * nd - 1].value = nd;
       i += 7 + nd;
-    } else if (p.kind == kMap && i + 6 <= program.size()) {
+    } else if (p.kind == kMap && i + 7 <= program.size()) {
       p.src = program[i + 1];
-      p.swizzle = program[i + 2];
-      p.elem_size = program[i + 3];
-      p.elem_type = program[i + 4];
-      int64_t nd = program[i + 5];
-      STD_TORCH_CHECK(nd >= 1 && nd <= 5 && i + 6 + nd <= program.size(), "native_launch.define: a tensor map of rank ",
-                      nd);
+      p.rows = program[i + 2];
+      p.swizzle = program[i + 3];
+      p.elem_size = program[i + 4];
+      p.elem_type = program[i + 5];
+      int64_t nd = program[i + 6];
+      STD_TORCH_CHECK(nd >= 1 && nd <= 5 && i + 7 + nd <= program.size() && (p.rows == 0 || nd == 2),
+                      "native_launch.define: a tensor map of rank ", nd);
       if (p.src != -1) check_src(p.src);  // -1: zeros (a map the kernel doesn't read)
-      for (int64_t d = 0; d < nd; ++d) p.box.push_back(static_cast<uint32_t>(program[i + 6 + d]));
+      for (int64_t d = 0; d < nd; ++d) p.box.push_back(static_cast<uint32_t>(program[i + 7 + d]));
       add(std::move(p), kMapBytes, 128);
-      i += 6 + nd;
+      i += 7 + nd;
     } else {
       STD_TORCH_CHECK(false, "native_launch.define: a bad slot (kind ", p.kind, ") at ", i);
     }
