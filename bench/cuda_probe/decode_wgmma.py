@@ -30,7 +30,7 @@ from decode_floor import graph_us, issue_rows, probe_args  # noqa: E402
 
 
 def probe_ops():
-    """The package's CUDA decode ops, whose build has the 64-token wgmma tile on sm_90a since 2f1e0b1. (Commit
+    """The package's CUDA decode ops, whose build has the 64-token wgmma tile on sm_90a since 1c64a59. (Commit
     c7a2818's probe built it apart, with -DOPFORGE_DECODE_WGMMA, when the package's build did not; it also built
     the tile with 1 or 4 partial slots loaded at a time and with its products waited for late: slower,
     docs/benchmarks.md, issue 35, twenty-fifth session.)"""
