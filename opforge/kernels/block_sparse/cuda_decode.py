@@ -117,6 +117,7 @@ def recipe(choice, prefix: tuple, inputs: tuple, outputs: list) -> Recipe | str:
     x, w, b, y, cols, row_ptr, counts, chunk = prefix
     stages, ctas, overlap = choice.values
     wide = x.shape[0] > WGMMA_TOKENS  # the 64-token tile: both maps in the 128-byte swizzle
+    blocks = wide and w.shape[0] > 0  # W's map (none for a layout of no blocks, which copies none)
     function, grid, threads, shared, share, slots = ops().describe.default(x, w, chunk, stages, ctas)
     part = split_partials(x.device.index, slots)
     tokens, k_in = x.shape
@@ -126,7 +127,7 @@ def recipe(choice, prefix: tuple, inputs: tuple, outputs: list) -> Recipe | str:
                    Int(nnz), Int(share)))
     return recipe_of_function(function, (grid,), threads, shared, overlap,
                               (args, Int(stages), Map(x if tokens > 1 else None, (tokens, bw), swizzle=SWIZZLE_128B * wide),
-                               Map(w if wide else None, (bh, bw), rows=nnz * bh * wide, swizzle=SWIZZLE_128B * wide)),
+                               Map(w if blocks else None, (bh, bw), rows=nnz * bh * blocks, swizzle=SWIZZLE_128B * blocks)),
                               inputs, outputs)
 
 

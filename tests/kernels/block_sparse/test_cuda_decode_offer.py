@@ -249,4 +249,11 @@ def test_the_64_token_tiles_recipe_reads_x_and_w_in_the_128_byte_swizzle(fresh, 
     bf16 = MAP_TYPES[torch.bfloat16]
     assert struct.unpack_from("<10Q", raw, 128) == (x.data_ptr(), 3, 2, bf16, 256, 40, 512, 20480, 64, 40)
     assert struct.unpack_from("<10Q", raw, 256) == (w.data_ptr(), 3, 2, bf16, 64, 640, 128, 81920, 64, 128)
+    none = torch.empty(0, 128, 64, dtype=torch.bfloat16)  # a layout of no blocks copies none: no W map
+    ins = (x, none, None, cols[:0], row_ptr, None)
+    r = cuda_decode.recipe(types.SimpleNamespace(values=(4, 2, 1)), (x, none, None, y, cols[:0], row_ptr, counts, 0),
+                           ins, [(y, True)])
+    reference.define(33, *ins, 384, 0, r.launch, r.outputs, r.program, r.held)
+    raw = bytes(reference.pack(33, *ins, 384, 0)[0].tolist())
+    assert raw[256:384] == bytes(128)
     reference.forget()

@@ -145,7 +145,7 @@ cudaError_t launch(bool bf16, const Config& c, int grid, const Args& a, cudaStre
     const cudaError_t err = x_map(bf16, c, a, &map);
     if (err != cudaSuccess) return err;
   }
-  if (wgmma_variant(c)) {
+  if (wgmma_variant(c) && a.nnz > 0) {  // no blocks: no copies, and a map of no rows is no map
     const cudaError_t err = w_map(bf16, c, a, &wmap);
     if (err != cudaSuccess) return err;
   }
