@@ -484,8 +484,8 @@ def test_bad_input_to_the_cuda_kernel_is_a_clear_error():
     def refused(match, *args):
         with pytest.raises(RuntimeError, match=match):
             fwd(*args)
-    big = torch.zeros(33, x.shape[1], device="cuda", dtype=x.dtype)
-    refused("1 to 32 tokens", big, w, b, torch.empty(33, lay.shape[0], device="cuda", dtype=x.dtype), idx.cols,
+    big = torch.zeros(65, x.shape[1], device="cuda", dtype=x.dtype)
+    refused("1 to 64 tokens", big, w, b, torch.empty(65, lay.shape[0], device="cuda", dtype=x.dtype), idx.cols,
             idx.row_ptr, counts, 0, 3, 2, 0)
     refused("bfloat16 or float16", x.float(), w.float(), None, y.float(), idx.cols, idx.row_ptr, counts, 0, 3, 2, 0)
     refused("contiguous", x, w.transpose(1, 2), b, y, idx.cols, idx.row_ptr, counts, 0, 3, 2, 0)
