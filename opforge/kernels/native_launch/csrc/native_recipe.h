@@ -121,34 +121,25 @@ inline Recipe make_recipe(const std::vector<int64_t>& launch, const std::vector<
       size_t w = static_cast<size_t>(p.width);
       add(std::move(p), w, w);
       i += 3;
-    } else if (p.kind == kTma && i + 7 <= program.size()) {
+    } else if ((p.kind == kTma || p.kind == kMap) && i + 7 <= program.size()) {
+      // [kind, src, rows, swizzle, elem_size, elem_type, rank, box...]: the same fields for both
       p.src = program[i + 1];
       p.rows = program[i + 2];
       p.swizzle = program[i + 3];
       p.elem_size = program[i + 4];
       p.elem_type = program[i + 5];
-      int64_t nd = program[i + 6];
+      const int64_t nd = program[i + 6];
       STD_TORCH_CHECK(nd >= 1 && nd <= 5 && i + 7 + nd <= program.size() && (p.rows == 0 || nd == 2),
-                      "native_launch.define: a TMA slot of rank ", nd);
-      check_src(p.src);
+                      "native_launch.define: a ", p.kind == kTma ? "TMA slot" : "tensor map", " of rank ", nd);
+      if (p.kind == kTma || p.src != -1) check_src(p.src);  // a map of -1: zeros (one the kernel doesn't read)
       for (int64_t d = 0; d < nd; ++d) p.box.push_back(static_cast<uint32_t>(program[i + 7 + d]));
+      const bool tma = p.kind == kTma;
       add(std::move(p), kMapBytes, 128);
-      for (int64_t d = 0; d < nd; ++d) add(Param{kInt, 0, 4}, 4, 4);  // sizes: filled by the TMA slot
-      for (int64_t d = 0; d < nd; ++d) add(Param{kInt, 0, 8}, 8, 8);  // strides
-      r.params[r.params.size() - 2 * nd - 1].value = nd;
-      i += 7 + nd;
-    } else if (p.kind == kMap && i + 7 <= program.size()) {
-      p.src = program[i + 1];
-      p.rows = program[i + 2];
-      p.swizzle = program[i + 3];
-      p.elem_size = program[i + 4];
-      p.elem_type = program[i + 5];
-      int64_t nd = program[i + 6];
-      STD_TORCH_CHECK(nd >= 1 && nd <= 5 && i + 7 + nd <= program.size() && (p.rows == 0 || nd == 2),
-                      "native_launch.define: a tensor map of rank ", nd);
-      if (p.src != -1) check_src(p.src);  // -1: zeros (a map the kernel doesn't read)
-      for (int64_t d = 0; d < nd; ++d) p.box.push_back(static_cast<uint32_t>(program[i + 7 + d]));
-      add(std::move(p), kMapBytes, 128);
+      if (tma) {  // triton's sizes and strides after it (a bare map has none)
+        for (int64_t d = 0; d < nd; ++d) add(Param{kInt, 0, 4}, 4, 4);  // sizes: filled by the TMA slot
+        for (int64_t d = 0; d < nd; ++d) add(Param{kInt, 0, 8}, 8, 8);  // strides
+        r.params[r.params.size() - 2 * nd - 1].value = nd;
+      }
       i += 7 + nd;
     } else {
       STD_TORCH_CHECK(false, "native_launch.define: a bad slot (kind ", p.kind, ") at ", i);
