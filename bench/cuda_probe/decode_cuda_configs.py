@@ -24,7 +24,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from decode_floor import graph_us, issue_rows, probe_args  # noqa: E402
+from decode_floor import checked_timings, graph_us, issue_rows, probe_args  # noqa: E402
 
 
 def main() -> None:
@@ -63,12 +63,7 @@ def main() -> None:
                 routed[label] = graph_us(lambda: [m(x) for m in mods], dev, n)  # noqa: B023
             route.names = names
             ref = mods[0](x).float()
-            timings = {}
-            for cfg in grid:
-                got = run(mods[0], x, cfg).float()
-                err = ((got - ref).abs().max() / ref.abs().max()).item()
-                assert err < 2e-2, (cfg, err)
-                timings[cfg] = graph_us(lambda: [run(m, x, cfg) for m in mods], dev, n)  # noqa: B023
+            timings = checked_timings(grid, run, mods, x, ref, dev, n)
         best = min(timings, key=timings.get)
         by_overlap = {o: min(v for c, v in timings.items() if c[2] == o) for o in sorted({c[2] for c in grid})}
         print(f"{row['in']}->{row['out']} T={row['tokens']} d={row['density']}: dense {dense:.1f} floor {same:.1f} | "

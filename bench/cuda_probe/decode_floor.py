@@ -68,6 +68,18 @@ def issue_rows(args, dev, dt, seed: int = 0):
                 torch.cuda.empty_cache()
 
 
+def checked_timings(configs, run, mods, x, ref, dev, layers: int) -> dict:
+    """GPU µs a layer of ``run(module, x, config)`` over ``mods`` for each config, graph-replayed, each config's
+    output first checked against ``ref`` (within 2e-2 of its largest element)."""
+    timings = {}
+    for cfg in configs:
+        got = run(mods[0], x, cfg).float()
+        err = ((got - ref).abs().max() / ref.abs().max()).item()
+        assert err < 2e-2, (cfg, err)
+        timings[cfg] = graph_us(lambda: [run(m, x, cfg) for m in mods], dev, layers)  # noqa: B023
+    return timings
+
+
 def main() -> None:
     args = probe_args(argparse.ArgumentParser()).parse_args()
     dev, dt, n = torch.device("cuda"), torch.bfloat16, args.layers
