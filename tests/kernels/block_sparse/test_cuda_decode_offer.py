@@ -217,15 +217,22 @@ def test_the_recipe_packs_the_parameters_as_the_kernel_declares_them(fresh, monk
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_the_64_token_wgmma_tile_compiles_for_sm90a_without_serialized_wgmmas(tmp_path):
-    """The 64-token tile (``-DOPFORGE_DECODE_WGMMA``) is not in the package's build yet, so no GPU test builds it:
-    nvcc compiles its bf16 kernels here for sm_90a, and ptxas must not serialize their wgmmas (C7518, what a
-    wait under a branch caused: docs/benchmarks.md, issue 35, twenty-fifth session)."""
-    csrc = os.path.join(cuda_decode.BlockSparseDecodeCuda.source_dir(), "csrc")
-    done = subprocess.run(["nvcc", "-std=c++17", "-O3", "-DOPFORGE_DECODE_WGMMA", "-gencode=arch=compute_90a,code=sm_90a",
+    """The 64-token tile as the package builds it (its extension's nvcc flags, for sm_90a), here with no GPU:
+    nvcc compiles the bf16 kernels, and ptxas must not serialize their wgmmas (C7518, what a wait under a
+    branch caused: docs/benchmarks.md, issue 35, twenty-fifth session)."""
+    ext = cuda_decode.BlockSparseDecodeCuda
+    csrc = os.path.join(ext.source_dir(), "csrc")
+    done = subprocess.run(["nvcc", "-std=c++17", "-O3", *ext.cuda_cflags, "-gencode=arch=compute_90a,code=sm_90a",
                            "-I", csrc, "-c", os.path.join(csrc, "decode_cuda_bf16.cu"), "-o", str(tmp_path / "k.o")],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "C7518" not in done.stdout + done.stderr, done.stdout + done.stderr
+    ptx = tmp_path / "k.ptx"  # and the tile is in: the package's flags compile it
+    done = subprocess.run(["nvcc", "-std=c++17", *ext.cuda_cflags, "-gencode=arch=compute_90a,code=compute_90a", "-I",
+                           csrc, "-ptx", os.path.join(csrc, "decode_cuda_bf16.cu"), "-o", str(ptx)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert ptx.read_text().count("wgmma.mma_async") >= 8  # four k16 steps, two warpgroup shapes (64 and 128 rows)
 
 
 def test_the_64_token_tiles_recipe_reads_x_and_w_in_the_128_byte_swizzle(fresh, monkeypatch):
