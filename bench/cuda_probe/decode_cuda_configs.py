@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from decode_floor import checked_timings, graph_us, issue_rows, probe_args  # noqa: E402
+from decode_floor import checked_timings, graph_us, head, issue_rows, keyed, probe_args, record, write_rows  # noqa: E402
 
 
 def main() -> None:
@@ -66,15 +65,11 @@ def main() -> None:
             timings = checked_timings(grid, run, mods, x, ref, dev, n)
         best = min(timings, key=timings.get)
         by_overlap = {o: min(v for c, v in timings.items() if c[2] == o) for o in sorted({c[2] for c in grid})}
-        print(f"{row['in']}->{row['out']} T={row['tokens']} d={row['density']}: dense {dense:.1f} floor {same:.1f} | "
-              f"route triton {routed['triton']:.1f} with cuda {routed['with_cuda']:.1f} | cuda best {timings[best]:.1f} "
+        print(f"{head(row)} | route triton {routed['triton']:.1f} with cuda {routed['with_cuda']:.1f} | cuda best {timings[best]:.1f} "
               f"{best} ({dense / timings[best]:.2f}x, {100 * same / timings[best]:.0f}% of floor); best by overlap "
               f"{ {o: round(v, 1) for o, v in by_overlap.items()} }", flush=True)
-        out.append({k: row[k] for k in ("in", "out", "tokens", "density", "dense_us", "same_bytes_us")} |
-                   {"route_us": routed, "cuda": {",".join(map(str, c)): v for c, v in timings.items()}})
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "rows": out}, f, indent=1)
+        out.append(record(row, route_us=routed, cuda=keyed(timings)))
+    write_rows(args.json, out)
 
 
 if __name__ == "__main__":

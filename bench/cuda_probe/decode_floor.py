@@ -68,6 +68,31 @@ def issue_rows(args, dev, dt, seed: int = 0):
                 torch.cuda.empty_cache()
 
 
+def head(row) -> str:
+    """A row's line starts so: its layer, tokens and density, dense's and cuBLAS's on the same bytes."""
+    return (f"{row['in']}->{row['out']} T={row['tokens']} d={row['density']}: dense {row['dense_us']:.1f} floor "
+            f"{row['same_bytes_us']:.1f}")
+
+
+def record(row, **measured) -> dict:
+    """A row's JSON record: its layer, tokens, density, dense's and the floor's µs, and what was measured."""
+    return {k: row[k] for k in ("in", "out", "tokens", "density", "dense_us", "same_bytes_us")} | measured
+
+
+def keyed(timings: dict) -> dict:
+    """Configs' timings for JSON: each config tuple as ``"a,b,c"``."""
+    return {",".join(map(str, c)): t for c, t in timings.items()}
+
+
+def write_rows(path: str | None, rows: list) -> None:
+    """The rows as JSON at ``path`` (none: nothing), with the device's name."""
+    if path:
+        import json
+
+        with open(path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+
+
 def checked_timings(configs, run, mods, x, ref, dev, layers: int) -> dict:
     """GPU µs a layer of ``run(module, x, config)`` over ``mods`` for each config, graph-replayed, each config's
     output first checked against ``ref`` (within 2e-2 of its largest element)."""

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from decode_floor import checked_timings, graph_us, issue_rows, probe_args  # noqa: E402
+from decode_floor import checked_timings, graph_us, head, issue_rows, keyed, probe_args, record, write_rows  # noqa: E402
 
 
 def probe_ops():
@@ -119,15 +118,11 @@ def main() -> None:
             offered = [cfg for cfg in grid if ops.grid(x, 64, 64, *cfg) > 0]
             timings = checked_timings(offered, run, mods, x, ref, dev, n)
         best = min(timings, key=timings.get)
-        print(f"{row['in']}->{row['out']} T={row['tokens']} d={row['density']}: dense {dense:.1f} floor {same:.1f} | "
-              f"route {routed:.1f} ({dense / routed:.2f}x) | wgmma best {timings[best]:.1f} {best} "
+        print(f"{head(row)} | route {routed:.1f} ({dense / routed:.2f}x) | wgmma best {timings[best]:.1f} {best} "
               f"({dense / timings[best]:.2f}x, {100 * same / timings[best]:.0f}% of cuBLAS same bytes) | all "
               f"{ {','.join(map(str, c)): round(v, 1) for c, v in timings.items()} }", flush=True)
-        out.append({k: row[k] for k in ("in", "out", "tokens", "density", "dense_us", "same_bytes_us")} |
-                   {"route_us": routed, "wgmma": {",".join(map(str, c)): v for c, v in timings.items()}})
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "rows": out}, f, indent=1)
+        out.append(record(row, route_us=routed, wgmma=keyed(timings)))
+    write_rows(args.json, out)
 
 
 if __name__ == "__main__":
