@@ -60,10 +60,15 @@ through the ring, or within 0.7 µs of it in all eight (T = 1 and 16, d = 0.1 an
 docs/benchmarks.md, issue 35, twenty-first session). With x in the slots a consumer waits on nothing but
 its slot, so 3-8 CTAs an SM pay where the kernel that loaded x itself was bound to 2. An SM takes fewer
 when they don't fit (``grid``): 6 slots of 64-blocks, 4."""
-CONFIGS = tuple({"stages": s, "ctas": c, "overlap": o} for o in (1, 0) for s, c in PAIRS)
-"""Blocks in flight a CTA, CTAs an SM, and whether it launches as a programmatic dependent of the
-kernel before it (1: its prologue and first weight requests overlap that kernel's end).
-``OPFORGE_BLOCK_SPARSE_OVERLAP=0`` keeps the ones without the overlap (and keys their choice apart)."""
+WHOLE_PAIRS = PAIRS
+"""(ring slots, CTAs an SM) of the configs whose CTAs take whole rows (those starting in their share: no row
+cut, no partial sums)."""
+CONFIGS = tuple({"stages": s, "ctas": c, "overlap": o, "whole": h} for h, pairs in ((0, PAIRS), (1, WHOLE_PAIRS))
+                for o in (1, 0) for s, c in pairs)
+"""Blocks in flight a CTA, CTAs an SM, whether it launches as a programmatic dependent of the
+kernel before it (1: its prologue and first weight requests overlap that kernel's end), and whether a CTA
+takes whole rows. ``OPFORGE_BLOCK_SPARSE_OVERLAP=0`` keeps the ones without the overlap (and keys their
+choice apart)."""
 
 
 _OPS: list = []  # [ops packet] once loaded, [None] once it failed or is off
@@ -115,7 +120,7 @@ def recipe(choice, prefix: tuple, inputs: tuple, outputs: list) -> Recipe | str:
     call), the ring's slots, x's tensor map and W's (``csrc/decode_cuda.h``): past ``WGMMA_TOKENS`` both in the
     128-byte swizzle, W read as ``(nnz * bh, bw)``; up to it x's plain and W's 128 zero bytes (unread)."""
     x, w, b, y, cols, row_ptr, counts, chunk = prefix
-    stages, ctas, overlap = choice.values
+    stages, ctas, overlap, whole = choice.values
     wide = x.shape[0] > WGMMA_TOKENS  # the 64-token tile: both maps in the 128-byte swizzle
     blocks = wide and w.shape[0] > 0  # W's map (none for a layout of no blocks, which copies none)
     function, grid, threads, shared, share, slots = ops().describe.default(x, w, chunk, stages, ctas)
@@ -124,7 +129,7 @@ def recipe(choice, prefix: tuple, inputs: tuple, outputs: list) -> Recipe | str:
     nnz, bh, bw = w.shape
     n_out = y.shape[1]
     args = Struct((x, w, b, y, cols, row_ptr, part, counts, Int(tokens), Int(k_in), Int(n_out), Int(bh), Int(n_out // bh),
-                   Int(nnz), Int(share)))
+                   Int(nnz), Int(share), Int(whole)))
     return recipe_of_function(function, (grid,), threads, shared, overlap,
                               (args, Int(stages), Map(x if tokens > 1 else None, (tokens, bw), swizzle=SWIZZLE_128B * wide),
                                Map(w if blocks else None, (bh, bw), rows=nnz * bh * blocks, swizzle=SWIZZLE_128B * blocks)),

@@ -43,13 +43,14 @@ struct Args {
   float* part;  // a slot a (CTA, 16-row strip): NT * 32 float4
   int* counts;  // one a (block-row, 16-row strip): zeros, left at zero
   int tokens, k_in, n_out, bh, rows, nnz, chunk;  // chunk: blocks a CTA
+  int whole;  // 1: a CTA takes the rows whose first block is in its share, whole (no partial sums); 0: the share
 };
 
-// A launch: the variant (8-token tiles, bw / 32, bh / 16) and its config (blocks in flight a CTA,
-// CTAs an SM, and overlap: 1 to launch as a programmatic dependent of the kernel before it on the
-// stream, which starts while that one ends: see decode_cuda_kernel.cuh).
+// A launch: the variant (8-token tiles, bw / 32, bh / 16, and wg: 1 for wgmma's tile, 0 for mma.sync's) and its
+// config (blocks in flight a CTA, CTAs an SM, and overlap: 1 to launch as a programmatic dependent of the kernel
+// before it on the stream, which starts while that one ends: see decode_cuda_kernel.cuh).
 struct Config {
-  int nt, kq, mt, stages, ctas, overlap;
+  int nt, kq, mt, wg, stages, ctas, overlap;
 };
 
 // (the args, the ring's slots, x's tensor map: a (bw, T) box of x, unused at T = 1; W's: a (bw, bh) box
@@ -57,8 +58,8 @@ struct Config {
 using Kernel = void (*)(Args, int, CUtensorMap, CUtensorMap);
 
 // The kernel of a variant (nullptr: not compiled). One table a dtype (decode_cuda_{bf16,f16}.cu).
-Kernel kernel_bf16(int nt, int kq, int mt);
-Kernel kernel_f16(int nt, int kq, int mt);
+Kernel kernel_bf16(int nt, int kq, int mt, bool wg);
+Kernel kernel_f16(int nt, int kq, int mt, bool wg);
 
 int threads_of(const Config& c);
 int smem_of(const Config& c, int elem_bytes);

@@ -49,11 +49,11 @@ __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uin
 }
 
 // wgmma (sm_90a: the kernel TUs built with -gencode=arch=compute_90a,code=sm_90a and
-// -DOPFORGE_DECODE_WGMMA): the 64-token tile's arithmetic (decode_cuda_kernel.cuh's consume, uses_wgmma). W's
+// -DOPFORGE_DECODE_WGMMA): the wgmma tiles' arithmetic (decode_cuda_kernel.cuh's consume, WG). W's
 // rows as A and x's tokens as B, both read by the tensor cores from the ring's slot, where the copy
 // engine put them in the 128-byte swizzle: rows of 64 elements (128 bytes), 8-row groups 1024 bytes
-// apart. A warpgroup's four warps issue one m64n64k16 together; warp w of it holds rows 16 w + g and
-// + 8 of the 64, tokens 8 i + 2 t and + 1 in d[4 i ..], the same places as mma.sync's acc[i][..]
+// apart. A warpgroup's four warps issue one m64nNk16 (N = 8 NT tokens) together; warp w of it holds rows
+// 16 w + g and + 8 of the 64, tokens 8 i + 2 t and + 1 in d[4 i ..], the same places as mma.sync's acc[i][..]
 // (store_strip, put_partial and the owners' sums take either).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(__CUDA_ARCH_FEAT_SM90A)
 #define OPFORGE_WGMMA_DEVICE 1
@@ -93,28 +93,49 @@ __device__ __forceinline__ void wg_pin(float (&d)[NT][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
 }
 
-// d += A B for a 64 x 16 slice of A (descriptor a) and a 16 x 64 slice of B (descriptor b).
-template <bool BF16>
-__device__ __forceinline__ void wg_mma64(float (&d)[8][4], uint64_t a, uint64_t b) {
-#ifdef OPFORGE_WGMMA_DEVICE
+// d += A B for a 64 x 16 slice of A (descriptor a) and a 16 x 8 NT slice of B (descriptor b): m64nNk16 with
+// N = 8 NT tokens (NT of 2, 4 or 8), 4 NT accumulators a thread.
 #define OPFORGE_WG_D(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
-#define OPFORGE_WG_ASM(TY)                                                                                            \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                         \
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "                                          \
-               "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                            \
-               "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"   \
-               : OPFORGE_WG_D(0), OPFORGE_WG_D(1), OPFORGE_WG_D(2), OPFORGE_WG_D(3), OPFORGE_WG_D(4), OPFORGE_WG_D(5), \
-                 OPFORGE_WG_D(6), OPFORGE_WG_D(7)                                                                   \
+template <bool BF16, int NT>
+__device__ __forceinline__ void wg_mma(float (&d)[NT][4], uint64_t a, uint64_t b) {
+#ifdef OPFORGE_WGMMA_DEVICE
+#define OPFORGE_WG_R8 "%0,%1,%2,%3,%4,%5,%6,%7"
+#define OPFORGE_WG_R16 OPFORGE_WG_R8 ",%8,%9,%10,%11,%12,%13,%14,%15"
+#define OPFORGE_WG_R32 OPFORGE_WG_R16 ",%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+#define OPFORGE_WG_CALL(N, TY, REGS, A, B, P, ...)                                                                   \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" P ", 0;\n"                                                     \
+               "wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY " {" REGS "}, %" A ", %" B               \
+               ", p, 1, 1, 0, 0;\n}\n"                                                                             \
+               : __VA_ARGS__                                                                                       \
                : "l"(a), "l"(b), "r"(1))
-  if constexpr (BF16) {
-    OPFORGE_WG_ASM("bf16");
+  static_assert(NT == 2 || NT == 4 || NT == 8, "wgmma tiles of 16, 32 or 64 tokens");
+  if constexpr (NT == 2) {
+    if constexpr (BF16)
+      OPFORGE_WG_CALL("16", "bf16", OPFORGE_WG_R8, "8", "9", "10", OPFORGE_WG_D(0), OPFORGE_WG_D(1));
+    else
+      OPFORGE_WG_CALL("16", "f16", OPFORGE_WG_R8, "8", "9", "10", OPFORGE_WG_D(0), OPFORGE_WG_D(1));
+  } else if constexpr (NT == 4) {
+    if constexpr (BF16)
+      OPFORGE_WG_CALL("32", "bf16", OPFORGE_WG_R16, "16", "17", "18", OPFORGE_WG_D(0), OPFORGE_WG_D(1), OPFORGE_WG_D(2),
+                      OPFORGE_WG_D(3));
+    else
+      OPFORGE_WG_CALL("32", "f16", OPFORGE_WG_R16, "16", "17", "18", OPFORGE_WG_D(0), OPFORGE_WG_D(1), OPFORGE_WG_D(2),
+                      OPFORGE_WG_D(3));
   } else {
-    OPFORGE_WG_ASM("f16");
+    if constexpr (BF16)
+      OPFORGE_WG_CALL("64", "bf16", OPFORGE_WG_R32, "32", "33", "34", OPFORGE_WG_D(0), OPFORGE_WG_D(1), OPFORGE_WG_D(2),
+                      OPFORGE_WG_D(3), OPFORGE_WG_D(4), OPFORGE_WG_D(5), OPFORGE_WG_D(6), OPFORGE_WG_D(7));
+    else
+      OPFORGE_WG_CALL("64", "f16", OPFORGE_WG_R32, "32", "33", "34", OPFORGE_WG_D(0), OPFORGE_WG_D(1), OPFORGE_WG_D(2),
+                      OPFORGE_WG_D(3), OPFORGE_WG_D(4), OPFORGE_WG_D(5), OPFORGE_WG_D(6), OPFORGE_WG_D(7));
   }
-#undef OPFORGE_WG_ASM
-#undef OPFORGE_WG_D
+#undef OPFORGE_WG_CALL
+#undef OPFORGE_WG_R32
+#undef OPFORGE_WG_R16
+#undef OPFORGE_WG_R8
 #endif
 }
+#undef OPFORGE_WG_D
 
 // The block-row holding block `at`: the last r with row_ptr[r] <= at, its first block and its
 // block count. The warp's lanes test 256 entries a round, all loads issued at once (one trip to
@@ -154,6 +175,36 @@ __device__ __forceinline__ Found find_row(const int64_t* row_ptr, int rows, int 
     if (done) return {count - 1, last, next - last};
   }
   return {count - 1, 0, 0};  // not reached: row_ptr[rows] = nnz > at
+}
+
+// A share [lo, hi) of whole rows (Args::whole): the rows whose first block falls in it, so [lo', hi') with
+// lo' and hi' the first row starts (row_ptr's entries; the last is nnz) at or after lo and hi. Every warp
+// finds them for itself, the same loads as find_row's, all issued at once: no barrier, no shared memory.
+struct Bounds {
+  int lo, hi;
+};
+
+__device__ __forceinline__ Bounds row_bounds(const int64_t* row_ptr, int rows, int lo, int hi, int lane) {
+  constexpr int kLoads = 8;
+  Bounds out{-1, -1};
+  for (int base = 0; base <= rows && out.hi < 0; base += 32 * kLoads) {
+    int val[kLoads];
+#pragma unroll
+    for (int c = 0; c < kLoads; ++c) {
+      const int i = base + c * 32 + lane;
+      val[c] = i <= rows ? static_cast<int>(__ldg(row_ptr + i)) : -1;
+    }
+#pragma unroll
+    for (int c = 0; c < kLoads; ++c) {  // the first lane at or past each bound (ballots: the warp agrees)
+      const unsigned at_lo = __ballot_sync(0xffffffffu, val[c] >= lo);
+      const unsigned at_hi = __ballot_sync(0xffffffffu, val[c] >= hi);
+      const int from_lo = __shfl_sync(0xffffffffu, val[c], at_lo ? __ffs(at_lo) - 1 : 0);
+      const int from_hi = __shfl_sync(0xffffffffu, val[c], at_hi ? __ffs(at_hi) - 1 : 0);
+      if (out.lo < 0 && at_lo) out.lo = from_lo;
+      if (out.hi < 0 && at_hi) out.hi = from_hi;
+    }
+  }
+  return out;  // row_ptr[rows] = nnz >= hi >= lo: both found
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }

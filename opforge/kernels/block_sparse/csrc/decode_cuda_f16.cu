@@ -4,6 +4,6 @@
 
 namespace opforge_block_sparse_decode {
 
-Kernel kernel_f16(int nt, int kq, int mt) { return kernel_table<false>(nt, kq, mt); }
+Kernel kernel_f16(int nt, int kq, int mt, bool wg) { return kernel_table<false>(nt, kq, mt, wg); }
 
 }  // namespace opforge_block_sparse_decode

@@ -3,7 +3,10 @@
 // A memory-bound kernel, so its one job is to keep HBM busy from the first cycle to the last.
 //
 // * CTA c takes the blocks [c * chunk, (c + 1) * chunk) in storage order: an equal share of the
-//   bytes whatever the rows' lengths, so no SM waits on a long row.
+//   bytes whatever the rows' lengths, so no SM waits on a long row. Or, with Args::whole, the rows whose
+//   first block is in that share, whole: shares unequal by up to a row, but no row cut, so no partial
+//   sums, counts or waits (where rows are many and short: docs/benchmarks.md, issue 35, twenty-sixth
+//   session).
 // * A producer warp copies the share's blocks into a ring of `stages` slots in shared memory with
 //   the copy engine (cp.async.bulk; an mbarrier for a slot full, one for it empty): the bytes in
 //   flight are bounded by shared memory, not registers. bh / 16 consumer warps each take a 16-row
@@ -46,18 +49,15 @@ __host__ __device__ constexpr int found_offset(int stages) { return 2 * stages *
 __host__ __device__ constexpr int ring_offset(int stages) { return (found_offset(stages) + 16 + 127) / 128 * 128; }
 constexpr int kWgSlack = 1024;
 
-// The 64-token tile (8 tiles of 8) takes wgmma, W and x both in the 128-byte swizzle (decode_cuda_device.cuh):
-// 64-wide blocks (a row of a block is a swizzle's 128 bytes) of 64 or 128 rows (one warpgroup a 64).
-template <int NT, int KQ, int MT>
-__host__ __device__ constexpr bool uses_wgmma() {
-  return NT == 8;
-}
-template <int NT, int KQ, int MT>
+// The wgmma tiles (WG): W and x both in the 128-byte swizzle (decode_cuda_device.cuh), 64-wide blocks (a row of
+// a block is a swizzle's 128 bytes) of 64 or 128 rows (one warpgroup a 64), 16, 32 or 64 tokens (NT 2, 4, 8).
+// The 64-token tile is wgmma's only; the others are mma.sync's too.
+template <int NT, int KQ, int MT, bool WG>
 __host__ __device__ constexpr bool compiled_variant() {
 #ifdef OPFORGE_DECODE_WGMMA
-  return NT < 8 || (KQ == 2 && (MT == 4 || MT == 8));
+  return WG ? NT >= 2 && KQ == 2 && (MT == 4 || MT == 8) : NT < 8;
 #else
-  return NT < 8;
+  return !WG && NT < 8;
 #endif
 }
 
@@ -69,7 +69,7 @@ __host__ __device__ constexpr int slot_bytes() {
 }
 
 // Consumer warp `m` (rows 16 m .. 16 m + 15 of each block) over the CTA's blocks [lo, hi), backwards.
-template <bool BF16, int NT, int KQ, int MT>
+template <bool BF16, int NT, int KQ, int MT, bool WG>
 __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, int m, int stages, uint64_t* full,
                                        uint64_t* empty, const unsigned char* ring, Found* shared_found) {
   using T = typename Elem<BF16>::T;
@@ -97,7 +97,7 @@ __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, in
     const int kb = hi - 1 - k;
     const bool flush = kb == rs || k == steps - 1;  // walking backwards: the row's part in this share ends here
     bar_wait(full + slot, parity);
-    if constexpr (uses_wgmma<NT, KQ, MT>()) {
+    if constexpr (WG) {
       // the warpgroup's 64 rows of the block against every token: four k16 steps of 32 bytes in the
       // swizzled rows. x's rows past T hold whatever the slot held: they reach only y's columns past
       // T, which nothing stores (store_strip) or adds to a stored column. The products are waited for
@@ -108,7 +108,7 @@ __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, in
       wg_pin(acc);
       wg_fence();
 #pragma unroll
-      for (int s = 0; s < 2 * KQ; ++s) wg_mma64<BF16>(acc, sw128_desc(sw + 32 * s), sw128_desc(sx + 32 * s));
+      for (int s = 0; s < 2 * KQ; ++s) wg_mma<BF16, NT>(acc, sw128_desc(sw + 32 * s), sw128_desc(sx + 32 * s));
       wg_commit();
       wg_wait();
       wg_pin(acc);
@@ -203,7 +203,7 @@ __device__ __forceinline__ void copy_block(void* dst, const void* src, int bytes
 }
 
 // MT = bh / 16 consumer warps and a producer warp.
-template <bool BF16, int NT, int KQ, int MT>
+template <bool BF16, int NT, int KQ, int MT, bool WG>
 __global__ void __launch_bounds__(32 * (MT + 1))
     decode_kernel(const Args a, int stages, const __grid_constant__ CUtensorMap xmap,
                   const __grid_constant__ CUtensorMap wmap) {
@@ -212,7 +212,6 @@ __global__ void __launch_bounds__(32 * (MT + 1))
   constexpr int BLOCK = 16 * MT * 32 * KQ * static_cast<int>(sizeof(T));
   constexpr int SLOT = slot_bytes<BF16, NT, KQ, MT>();
   constexpr int XROW = 32 * KQ * static_cast<int>(sizeof(T));  // a token's slice of x at a block's column
-  constexpr bool WG = uses_wgmma<NT, KQ, MT>();
   extern __shared__ __align__(128) unsigned char smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem);
   uint64_t* empty = full + stages;
@@ -220,8 +219,8 @@ __global__ void __launch_bounds__(32 * (MT + 1))
   if constexpr (WG) ring += (1024 - (smem_u32(ring) & 1023)) & 1023;  // the swizzle's 1024-byte boundary
   const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
   const int c = blockIdx.x;
-  const int lo = c * a.chunk;
-  const int hi = min(lo + a.chunk, a.nnz);
+  int lo = c * a.chunk;
+  int hi = min(lo + a.chunk, a.nnz);
   const unsigned char* w = static_cast<const unsigned char*>(a.w);
   auto block = [&](int k) { return w + static_cast<int64_t>(hi - 1 - k) * BLOCK; };  // step k's block
   if (threadIdx.x == 0) {
@@ -233,6 +232,11 @@ __global__ void __launch_bounds__(32 * (MT + 1))
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   wait_for_prior_grids();
+  if (a.whole && lo < hi) {  // whole rows: those starting in the share (read after the wait: the layout may be new)
+    const Bounds b = row_bounds(a.row_ptr, a.rows, lo, hi, lane);
+    lo = b.lo;
+    hi = b.hi;
+  }
   __syncthreads();
   if (lo < hi) {
     if (wi == MT) {
@@ -278,7 +282,7 @@ __global__ void __launch_bounds__(32 * (MT + 1))
       }
       let_dependents_start();
     } else {
-      consume<BF16, NT, KQ, MT>(a, lo, hi, c, wi, stages, full, empty, ring,
+      consume<BF16, NT, KQ, MT, WG>(a, lo, hi, c, wi, stages, full, empty, ring,
                                 reinterpret_cast<Found*>(smem + found_offset(stages)));
     }
   }
@@ -286,43 +290,45 @@ __global__ void __launch_bounds__(32 * (MT + 1))
 #endif
 }
 
-// The variants of a dtype: nt (8-token tiles) 1, 2, 4; kq = bw / 32 and mt = bh / 16 of 1, 2, 4 and 2, 4, 8.
+// The variants of a dtype: nt (8-token tiles) 1, 2, 4 (8: wgmma's only); kq = bw / 32 and mt = bh / 16 of 1, 2, 4
+// and 2, 4, 8; wg: through wgmma (compiled_variant).
 template <bool BF16, int NT, int KQ, int MT>
-Kernel variant() {
-  if constexpr (compiled_variant<NT, KQ, MT>())
-    return decode_kernel<BF16, NT, KQ, MT>;
-  else
-    return nullptr;
+Kernel variant(bool wg) {
+  if constexpr (compiled_variant<NT, KQ, MT, true>())
+    if (wg) return decode_kernel<BF16, NT, KQ, MT, true>;
+  if constexpr (compiled_variant<NT, KQ, MT, false>())
+    if (!wg) return decode_kernel<BF16, NT, KQ, MT, false>;
+  return nullptr;
 }
 
 template <bool BF16, int NT, int KQ>
-Kernel pick_mt(int mt) {
+Kernel pick_mt(int mt, bool wg) {
   switch (mt) {
-    case 2: return variant<BF16, NT, KQ, 2>();
-    case 4: return variant<BF16, NT, KQ, 4>();
-    case 8: return variant<BF16, NT, KQ, 8>();
+    case 2: return variant<BF16, NT, KQ, 2>(wg);
+    case 4: return variant<BF16, NT, KQ, 4>(wg);
+    case 8: return variant<BF16, NT, KQ, 8>(wg);
     default: return nullptr;
   }
 }
 
 template <bool BF16, int NT>
-Kernel pick_kq(int kq, int mt) {
+Kernel pick_kq(int kq, int mt, bool wg) {
   switch (kq) {
-    case 1: return pick_mt<BF16, NT, 1>(mt);
-    case 2: return pick_mt<BF16, NT, 2>(mt);
-    case 4: return pick_mt<BF16, NT, 4>(mt);
+    case 1: return pick_mt<BF16, NT, 1>(mt, wg);
+    case 2: return pick_mt<BF16, NT, 2>(mt, wg);
+    case 4: return pick_mt<BF16, NT, 4>(mt, wg);
     default: return nullptr;
   }
 }
 
 template <bool BF16>
-Kernel kernel_table(int nt, int kq, int mt) {
+Kernel kernel_table(int nt, int kq, int mt, bool wg) {
   switch (nt) {
-    case 1: return pick_kq<BF16, 1>(kq, mt);
-    case 2: return pick_kq<BF16, 2>(kq, mt);
-    case 4: return pick_kq<BF16, 4>(kq, mt);
+    case 1: return pick_kq<BF16, 1>(kq, mt, wg);
+    case 2: return pick_kq<BF16, 2>(kq, mt, wg);
+    case 4: return pick_kq<BF16, 4>(kq, mt, wg);
 #ifdef OPFORGE_DECODE_WGMMA
-    case 8: return pick_kq<BF16, 8>(kq, mt);
+    case 8: return pick_kq<BF16, 8>(kq, mt, wg);
 #endif
     default: return nullptr;
   }

@@ -52,7 +52,7 @@ cudaError_t map_2d(bool bf16, const void* base, int64_t cols, int64_t rows, int 
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-bool wgmma_variant(const Config& c) { return c.nt == 8; }
+bool wgmma_variant(const Config& c) { return c.wg != 0; }
 
 cudaError_t x_map(bool bf16, const Config& c, const Args& a, CUtensorMap* map) {
   return map_2d(bf16, a.x, a.k_in, a.tokens, 32 * c.kq, a.tokens, wgmma_variant(c), map);
@@ -73,7 +73,7 @@ int smem_of(const Config& c, int elem_bytes) {
 
 cudaError_t grid_of(bool bf16, const Config& c, int device, int* grid) {
   *grid = 0;
-  const Kernel fn = bf16 ? kernel_bf16(c.nt, c.kq, c.mt) : kernel_f16(c.nt, c.kq, c.mt);
+  const Kernel fn = bf16 ? kernel_bf16(c.nt, c.kq, c.mt, c.wg != 0) : kernel_f16(c.nt, c.kq, c.mt, c.wg != 0);
   if (fn == nullptr || c.ctas < 1 || c.stages < 1 || c.stages > 64) return cudaSuccess;
   const int smem = smem_of(c, 2);
   // (device, kernel, smem) -> (SMs, CTAs that fit an SM; 0 before sm_90 or in a binary without it), found once
@@ -88,7 +88,7 @@ cudaError_t grid_of(bool bf16, const Config& c, int device, int* grid) {
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     int minor = 0;
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-    // the 64-token tile is sm_90a code: it runs on compute capability 9.0 only
+    // the wgmma tiles are sm_90a code: they run on compute capability 9.0 only
     const bool arch_ok = wgmma_variant(c) ? major == 9 && minor == 0 : major >= 9;
     if (err == cudaSuccess && arch_ok && smem <= most && encoder() != nullptr) {
       int current = 0;  // cudaFuncSetAttribute and the occupancy query act on the current device
@@ -119,7 +119,7 @@ cudaError_t grid_of(bool bf16, const Config& c, int device, int* grid) {
 
 cudaError_t function_of(bool bf16, const Config& c, void** fn) {
   *fn = nullptr;
-  const Kernel k = bf16 ? kernel_bf16(c.nt, c.kq, c.mt) : kernel_f16(c.nt, c.kq, c.mt);
+  const Kernel k = bf16 ? kernel_bf16(c.nt, c.kq, c.mt, c.wg != 0) : kernel_f16(c.nt, c.kq, c.mt, c.wg != 0);
   if (k == nullptr) return cudaErrorInvalidConfiguration;
   cudaFunction_t found = nullptr;
   const cudaError_t err = cudaGetFuncBySymbol(&found, reinterpret_cast<const void*>(k));
@@ -128,7 +128,7 @@ cudaError_t function_of(bool bf16, const Config& c, void** fn) {
 }
 
 cudaError_t launch(bool bf16, const Config& c, int grid, const Args& a, cudaStream_t stream) {
-  const Kernel fn = bf16 ? kernel_bf16(c.nt, c.kq, c.mt) : kernel_f16(c.nt, c.kq, c.mt);
+  const Kernel fn = bf16 ? kernel_bf16(c.nt, c.kq, c.mt, c.wg != 0) : kernel_f16(c.nt, c.kq, c.mt, c.wg != 0);
   if (fn == nullptr || grid < 1) return cudaErrorInvalidConfiguration;
   cudaLaunchConfig_t launch{};
   launch.gridDim = dim3(grid);
