@@ -10,6 +10,9 @@ rows cut between CTAs are summed with one trip to memory (``csrc/decode_cuda_ker
   each side; 33 to 64 tokens (a 64-token tile through wgmma: sm_90a, so compute capability 9.0 only) for
   blocks 64 wide and 64 or 128 high; x and w contiguous and 16-byte aligned, b contiguous (``offered``).
   Anything else, or ``OPFORGE_BLOCK_SPARSE_CUDA=0``, is not offered and the Triton kernels take the call.
+  Where wgmma's tiles run (those blocks on compute capability 9.0) they take every token count, mma.sync's
+  the rest: wgmma's reads x's slice once a block where each mma.sync warp read it, and was as fast or faster
+  on every row of issue 35, 0.4-1.6 µs a layer at T=32 (docs/benchmarks.md, twenty-sixth session).
 * **Built** on first use (a stable-ABI extension of its own, like ``native_autograd.py``'s, so one
   binary serves every torch from 2.10): the first decode call on an sm_90 GPU with an empty cache
   waits for nvcc, about 11 s for each dtype's TU, the two built in parallel; ``OPFORGE_BUILD=block_sparse``
@@ -43,13 +46,11 @@ from .extensions import BlockSparseDecodeCuda
 from .triton_sizing import bucket, depth
 
 MAX_TOKENS = 64
-"""The most tokens the compiled variants take: 8-token tiles 1, 2, 4 through mma.sync, and 8 through
+"""The most tokens the compiled variants take: 8-token tiles 1, 2, 4 through mma.sync, and 1, 2, 4, 8 through
 wgmma. With mma.sync a 64-token tile ran at 1.07-1.35x the Triton kernels' time on the H200 (each of the
 four consumer warps read all of x's 8 KB slice a block from shared memory: twenty-second session); with
 wgmma, which reads it once a block, it runs 8-18% under the Triton route on 14336->4096 at T=64
 (docs/benchmarks.md, issue 35, twenty-fifth session)."""
-WGMMA_TOKENS = 32
-"""Past this many tokens the kernel takes the 64-token wgmma tile: W and x in the 128-byte swizzle."""
 SWIZZLE_128B = 3
 """``CU_TENSOR_MAP_SWIZZLE_128B``."""
 SIDES = (32, 64, 128)
@@ -60,15 +61,10 @@ through the ring, or within 0.7 µs of it in all eight (T = 1 and 16, d = 0.1 an
 docs/benchmarks.md, issue 35, twenty-first session). With x in the slots a consumer waits on nothing but
 its slot, so 3-8 CTAs an SM pay where the kernel that loaded x itself was bound to 2. An SM takes fewer
 when they don't fit (``grid``): 6 slots of 64-blocks, 4."""
-WHOLE_PAIRS = PAIRS
-"""(ring slots, CTAs an SM) of the configs whose CTAs take whole rows (those starting in their share: no row
-cut, no partial sums)."""
-CONFIGS = tuple({"stages": s, "ctas": c, "overlap": o, "whole": h} for h, pairs in ((0, PAIRS), (1, WHOLE_PAIRS))
-                for o in (1, 0) for s, c in pairs)
-"""Blocks in flight a CTA, CTAs an SM, whether it launches as a programmatic dependent of the
-kernel before it (1: its prologue and first weight requests overlap that kernel's end), and whether a CTA
-takes whole rows. ``OPFORGE_BLOCK_SPARSE_OVERLAP=0`` keeps the ones without the overlap (and keys their
-choice apart)."""
+CONFIGS = tuple({"stages": s, "ctas": c, "overlap": o} for o in (1, 0) for s, c in PAIRS)
+"""Blocks in flight a CTA, CTAs an SM, and whether it launches as a programmatic dependent of the
+kernel before it (1: its prologue and first weight requests overlap that kernel's end).
+``OPFORGE_BLOCK_SPARSE_OVERLAP=0`` keeps the ones without the overlap (and keys their choice apart)."""
 
 
 _OPS: list = []  # [ops packet] once loaded, [None] once it failed or is off
@@ -117,21 +113,21 @@ def recipe(choice, prefix: tuple, inputs: tuple, outputs: list) -> Recipe | str:
     """The native_launch recipe of the op's launch with ``prefix`` (``_fwd_prefix``'s: x, w, b or None,
     y, cols, row_ptr, counts, chunk) and ``choice``: the kernel's parameters are ``Args``'s fields (the
     partial-sum slots and the counts held: ``buffers.split_partials``, where the op allocates its slots each
-    call), the ring's slots, x's tensor map and W's (``csrc/decode_cuda.h``): past ``WGMMA_TOKENS`` both in the
-    128-byte swizzle, W read as ``(nnz * bh, bw)``; up to it x's plain and W's 128 zero bytes (unread)."""
+    call), the ring's slots, x's tensor map and W's (``csrc/decode_cuda.h``): for a tile through wgmma (as
+    ``describe`` says) both in the 128-byte swizzle, W read as ``(nnz * bh, bw)``; for mma.sync's x's plain (none
+    at one token) and W's 128 zero bytes (unread)."""
     x, w, b, y, cols, row_ptr, counts, chunk = prefix
-    stages, ctas, overlap, whole = choice.values
-    wide = x.shape[0] > WGMMA_TOKENS  # the 64-token tile: both maps in the 128-byte swizzle
+    stages, ctas, overlap = choice.values
+    function, grid, threads, shared, share, slots, wide = ops().describe.default(x, w, chunk, stages, ctas)
     blocks = wide and w.shape[0] > 0  # W's map (none for a layout of no blocks, which copies none)
-    function, grid, threads, shared, share, slots = ops().describe.default(x, w, chunk, stages, ctas)
     part = split_partials(x.device.index, slots)
     tokens, k_in = x.shape
     nnz, bh, bw = w.shape
     n_out = y.shape[1]
     args = Struct((x, w, b, y, cols, row_ptr, part, counts, Int(tokens), Int(k_in), Int(n_out), Int(bh), Int(n_out // bh),
-                   Int(nnz), Int(share), Int(whole)))
+                   Int(nnz), Int(share)))
     return recipe_of_function(function, (grid,), threads, shared, overlap,
-                              (args, Int(stages), Map(x if tokens > 1 else None, (tokens, bw), swizzle=SWIZZLE_128B * wide),
+                              (args, Int(stages), Map(x if tokens > 1 or wide else None, (tokens, bw), swizzle=SWIZZLE_128B * wide),
                                Map(w if blocks else None, (bh, bw), rows=nnz * bh * blocks, swizzle=SWIZZLE_128B * blocks)),
                               inputs, outputs)
 

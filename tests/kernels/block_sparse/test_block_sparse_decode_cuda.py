@@ -231,21 +231,20 @@ needs_hopper = pytest.mark.skipif(not HOPPER, reason="the CUDA decode kernel nee
 
 
 def compiled(tokens: int, block, wgmma: bool = False) -> bool:
-    """Whether the CUDA kernel has a variant for this many tokens and blocks: through wgmma (past 32 tokens, or
-    asked from 9 on), blocks 64 wide, 64 or 128 high, on compute capability 9.0 only."""
+    """Whether the CUDA kernel has a variant for this many tokens and blocks (through wgmma: blocks 64 wide, 64
+    or 128 high, on compute capability 9.0 only; past 32 tokens, wgmma's only)."""
     wg = block[1] == 64 and block[0] in (64, 128) and torch.cuda.get_device_capability() == (9, 0)
-    return (wg and tokens > 8) if wgmma else tokens <= 32 or wg
+    return wg if wgmma else tokens <= 32 or wg
 
 
-def run_cuda(lay, w, x, b, chunk: int, stages: int = 3, ctas: int = 2, overlap: int = 0, whole: int = 0,
-             wgmma: int = 0):
-    """The CUDA kernel with an explicit share a CTA (0: the grid's equal share; ``whole``: the rows starting in
-    it); y starts as NaN, so an output stored by nobody shows."""
+def run_cuda(lay, w, x, b, chunk: int, stages: int = 3, ctas: int = 2, overlap: int = 0, wgmma: int = -1):
+    """The CUDA kernel with an explicit share a CTA (0: the grid's equal share), through wgmma (1), mma.sync (0)
+    or the op's own choice (-1); y starts as NaN, so an output stored by nobody shows."""
     idx = lay.indices("cuda")
     nnz, bh, bw = w.shape
     y = torch.full((x.shape[0], lay.shape[0]), float("nan"), device="cuda", dtype=x.dtype)
     counts = torch.zeros(lay.shape[0] // bh * (bh // 16), dtype=torch.int32, device="cuda")
-    cuda_decode.ops().forward(x, w, b, y, idx.cols, idx.row_ptr, counts, chunk, stages, ctas, overlap, whole, wgmma)
+    cuda_decode.ops().forward(x, w, b, y, idx.cols, idx.row_ptr, counts, chunk, stages, ctas, overlap, wgmma)
     assert counts.eq(0).all()  # left at zero for the next launch
     return y
 
@@ -367,18 +366,16 @@ def test_the_cuda_kernel_replays_from_cpp_bit_for_bit(tokens, block, dtype, monk
 @pytest.mark.parametrize("tokens", [1, 2, 9, 17, 32, 33, 64])
 def test_every_way_the_cuda_kernels_shares_cut_the_rows(tokens, block, dtype):
     """Shares of 1, 2, 3, 5 and 7 blocks, of all, of more than all (and the grid's own): rows whole
-    in a CTA, cut at one end or both, over many CTAs; empty rows anywhere; with and without a bias. And
-    each share made whole rows (the rows starting in it): many CTAs with none, some with several. Through
-    mma.sync and, where it has a tile, wgmma."""
+    in a CTA, cut at one end or both, over many CTAs; empty rows anywhere; with and without a bias. Through
+    each tile that takes them: mma.sync's and wgmma's."""
     if not compiled(tokens, block):
         pytest.skip("no variant for these tokens and blocks")
-    wgmmas = (0, 1) if tokens <= 32 and compiled(tokens, block, wgmma=True) else (0,)
+    wgmmas = [wg for wg in (0, 1) if compiled(tokens, block, wgmma=bool(wg)) and (wg or tokens <= 32)]
     for _, mask in layouts(block[0]):
         for bias in (True, False):
             lay, w, x, b, ref = case(mask, block, tokens, dtype, bias)
-            for chunk, whole, wgmma in itertools.product(sorted({0, 1, 2, 3, 5, 7, max(1, lay.nnz), lay.nnz + 4}),
-                                                         (0, 1), wgmmas):
-                close(run_cuda(lay, w, x, b, chunk, whole=whole, wgmma=wgmma), ref, dtype)
+            for chunk, wgmma in itertools.product(sorted({0, 1, 2, 3, 5, 7, max(1, lay.nnz), lay.nnz + 4}), wgmmas):
+                close(run_cuda(lay, w, x, b, chunk, wgmma=wgmma), ref, dtype)
 
 
 @needs_hopper
@@ -386,9 +383,9 @@ def test_every_way_the_cuda_kernels_shares_cut_the_rows(tokens, block, dtype):
 def test_every_ring_depth_ctas_an_sm_and_overlap(stages, ctas, overlap):
     for tokens in (9, 32, 64) if compiled(64, (64, 64)) else (9, 32):  # x's box 9, 32 or 64 rows high
         lay, w, x, b, ref = case(ragged(9), (64, 64), tokens, torch.bfloat16)
-        wgmmas = (0, 1) if tokens <= 32 and compiled(tokens, (64, 64), wgmma=True) else (0,)
-        for chunk, whole, wgmma in itertools.product((0, 2, 5), (0, 1), wgmmas):
-            close(run_cuda(lay, w, x, b, chunk, stages, ctas, overlap, whole, wgmma), ref, torch.bfloat16)
+        wgmmas = [wg for wg in (0, 1) if compiled(tokens, (64, 64), wgmma=bool(wg)) and (wg or tokens <= 32)]
+        for chunk, wgmma in itertools.product((0, 2, 5), wgmmas):
+            close(run_cuda(lay, w, x, b, chunk, stages, ctas, overlap, wgmma), ref, torch.bfloat16)
 
 
 @needs_hopper
@@ -463,9 +460,7 @@ def test_many_small_layouts_every_share_twice_and_bitwise_repeatable():
             first = run_cuda(lay, w, x, b, chunk, overlap=trial % 2)
             close(first, ref, torch.float16)
             assert torch.equal(first, run_cuda(lay, w, x, b, chunk))
-            whole = run_cuda(lay, w, x, b, chunk, whole=1)
-            close(whole, ref, torch.float16)
-            assert torch.equal(whole, run_cuda(lay, w, x, b, chunk, overlap=1, whole=1))
+
 
 
 @needs_hopper
@@ -504,9 +499,11 @@ def test_bad_input_to_the_cuda_kernel_is_a_clear_error():
     refused("int64", x, w, b, y, idx.cols.int(), idx.row_ptr, counts, 0, 3, 2, 0)
     refused("CUDA tensor", x.cpu(), w, b, y, idx.cols, idx.row_ptr, counts, 0, 3, 2, 0)
     refused("overlap must be 0 or 1", x, w, b, y, idx.cols, idx.row_ptr, counts, 0, 3, 2, 2)
-    refused("whole must be 0 or 1", x, w, b, y, idx.cols, idx.row_ptr, counts, 0, 3, 2, 0, -1)
-    refused("wgmma must be 0 or 1", x, w, b, y, idx.cols, idx.row_ptr, counts, 0, 3, 2, 0, 0, 2)
-    refused("no variant .* through wgmma", x, w, b, y, idx.cols, idx.row_ptr, counts, 0, 3, 2, 0, 0, 1)  # 4 tokens
+    refused("wgmma must be -1, 0 or 1", x, w, b, y, idx.cols, idx.row_ptr, counts, 0, 3, 2, 0, 2)
+    lay32, w32, x32, _, _ = case(ragged(6), (32, 32), 4, torch.bfloat16)
+    idx32 = lay32.indices("cuda")
+    refused("no variant .* through wgmma", x32, w32, None, torch.empty(4, lay32.shape[0], device="cuda", dtype=x.dtype),
+            idx32.cols, idx32.row_ptr, counts, 0, 3, 2, 0, 1)  # 32-wide blocks: no wgmma tile
     refused("chunk must be", x, w, b, y, idx.cols, idx.row_ptr, counts, -1, 3, 2, 0)
     refused("no variant", x, w, b, y, idx.cols, idx.row_ptr, counts, 0, 60, 2, 0)  # the ring can't fit
     assert cuda_decode.ops().grid(big, 64, 64, 3, 2) == 0 and cuda_decode.ops().grid(x, 64, 64, 3, 2) > 0

@@ -85,27 +85,26 @@ def test_the_extension_needs_sm90_and_names_all_its_sources():
 
 
 def test_the_configs_are_valid_for_the_op():
-    assert all(set(c) == {"stages", "ctas", "overlap", "whole"} for c in cuda_decode.CONFIGS)
-    assert all(c["overlap"] in (0, 1) and c["whole"] in (0, 1) and 1 <= c["stages"] <= 8 and c["ctas"] >= 1
-               for c in cuda_decode.CONFIGS)
-    assert {c["whole"] for c in cuda_decode.CONFIGS} == {0, 1}
+    assert all(set(c) == {"stages", "ctas", "overlap"} for c in cuda_decode.CONFIGS)
+    assert all(c["overlap"] in (0, 1) and 1 <= c["stages"] <= 8 and c["ctas"] >= 1 for c in cuda_decode.CONFIGS)
     assert len({tuple(c.values()) for c in cuda_decode.CONFIGS}) == len(cuda_decode.CONFIGS)
 
 
 def op_schema() -> list[str]:
-    """The argument names of ``forward`` as ``csrc/decode_cuda.cpp`` registers it (a default's value dropped)."""
+    """The argument names of ``forward`` as ``csrc/decode_cuda.cpp`` registers it, those with a default last,
+    marked ``=``."""
     src = open(os.path.join(os.path.dirname(cuda_decode.__file__), "csrc", "decode_cuda.cpp"), encoding="utf-8").read()
     call = src[src.index('m.def("forward('):]
     text = "".join(re.findall(r'"([^"]*)"', call[:call.index(");")]))  # the adjacent C++ literals, joined
-    return [arg.split()[-1].split("=")[0] for arg in text[text.index("(") + 1:text.index(") ->")].split(",")]
+    return [arg.split()[-1].split("=")[0] + "=" * ("=" in arg) for arg in text[text.index("(") + 1:text.index(") ->")].split(",")]
 
 
 def test_the_plan_calls_the_op_as_the_cpp_side_registers_it(fresh, monkeypatch):
     """Without a GPU: the plan's launch (the route's prefix, then the chosen config) lines up with the
     op's schema, argument by argument, so a change on either side shows here first."""
-    names = op_schema()
-    at = names.index("stages")
-    assert names[at:at + len(cuda_decode.CONFIGS[0])] == list(cuda_decode.CONFIGS[0])  # the configs' values, in order
+    names = [n for n in op_schema() if not n.endswith("=")]  # the plan leaves the defaults (wgmma: where it runs)
+    assert op_schema()[len(names):] == ["wgmma="]
+    assert names[-len(cuda_decode.CONFIGS[0]):] == list(cuda_decode.CONFIGS[0])  # the configs' values, in order
     calls = []
     fake = types.SimpleNamespace(forward=types.SimpleNamespace(default=lambda *a: calls.append(a)),
                                  grid=types.SimpleNamespace(default=lambda x, bh, bw, stages, ctas: 264))
@@ -179,10 +178,10 @@ def test_the_recipe_packs_the_parameters_as_the_kernel_declares_them(fresh, monk
     from opforge.kernels.native_launch.recipe import MAP_TYPES
 
     assert args_fields() == ["x", "w", "b", "y", "cols", "row_ptr", "part", "counts", "tokens", "k_in", "n_out", "bh",
-                             "rows", "nnz", "chunk", "whole"]
+                             "rows", "nnz", "chunk"]
     described = []
     fake = types.SimpleNamespace(describe=types.SimpleNamespace(
-        default=lambda *a: described.append(a) or [0xF00, 264, 160, 50000, 2, 264 * 4 * 1 * 128]))
+        default=lambda *a: described.append(a) or [0xF00, 264, 160, 50000, 2, 264 * 4 * 1 * 128, 0]))
     monkeypatch.setattr(cuda_decode, "_OPS", [fake])
     counts, part = torch.zeros(4096, dtype=torch.int32), torch.zeros(264 * 4 * 128, dtype=torch.int32)
     sized = []
@@ -191,8 +190,8 @@ def test_the_recipe_packs_the_parameters_as_the_kernel_declares_them(fresh, monk
     y, cols, row_ptr = torch.empty(3, 384, dtype=torch.bfloat16), torch.zeros(5, dtype=torch.long), torch.zeros(7, dtype=torch.long)
     b = torch.randn(384, dtype=torch.bfloat16)
     inputs = (x, w, b, cols, row_ptr, None)
-    for tokens, bias, whole in ((3, b, 0), (1, None, 1)):
-        choice = types.SimpleNamespace(values=(4, 3, 1, whole))
+    choice = types.SimpleNamespace(values=(4, 3, 1))
+    for tokens, bias in ((3, b), (1, None)):
         xt, yt = x[:tokens], y[:tokens]
         ins = (xt, *inputs[1:])
         r = cuda_decode.recipe(choice, (xt, w, bias, yt, cols, row_ptr, counts, 0), ins, [(yt, True)])
@@ -207,7 +206,7 @@ def test_the_recipe_packs_the_parameters_as_the_kernel_declares_them(fresh, monk
         ptrs = struct.unpack_from("<8Q", raw, 0)
         assert ptrs == (xt.data_ptr(), w.data_ptr(), 0 if bias is None else b.data_ptr(), y_out.data_ptr(),
                         cols.data_ptr(), row_ptr.data_ptr(), part.data_ptr(), counts.data_ptr())
-        assert struct.unpack_from("<8i", raw, 64) == (tokens, 256, 384, 64, 6, 5, 2, whole)  # chunk: describe's share
+        assert struct.unpack_from("<7i4x", raw, 64) == (tokens, 256, 384, 64, 6, 5, 2)  # chunk: describe's share
         assert struct.unpack_from("<i", raw, 96) == (4,)  # stages
         tmap = struct.unpack_from("<10Q", raw, 128)
         if tokens == 1:
@@ -238,30 +237,41 @@ def test_the_64_token_wgmma_tile_compiles_for_sm90a_without_serialized_wgmmas(tm
     assert ptx.read_text().count("wgmma.mma_async") >= 8  # four k16 steps, two warpgroup shapes (64 and 128 rows)
 
 
-def test_the_64_token_tiles_recipe_reads_x_and_w_in_the_128_byte_swizzle(fresh, monkeypatch):
-    """Past 32 tokens (the wgmma tile) x's map is in the 128-byte swizzle, and W's reads the blocks
-    (nnz, bh, bw) as (nnz * bh, bw) rows, a block a box, in it too: as ``csrc/decode_cuda_launch.cu``'s
-    ``x_map`` and ``w_map`` encode them for a launch through the op."""
+def test_a_wgmma_tiles_recipe_reads_x_and_w_in_the_128_byte_swizzle(fresh, monkeypatch):
+    """For a tile through wgmma (``describe`` says which: past 32 tokens always, from 9 where one runs), x's
+    map is in the 128-byte swizzle, one token included, and W's reads the blocks (nnz, bh, bw) as (nnz * bh,
+    bw) rows, a block a box, in it too; for mma.sync's, x's map is plain and W's 128 zero bytes: as
+    ``csrc/decode_cuda_launch.cu``'s ``x_map`` and ``w_map`` encode them for a launch through the op."""
     from opforge.kernels.native_launch import reference
     from opforge.kernels.native_launch.recipe import MAP_TYPES
 
-    fake = types.SimpleNamespace(describe=types.SimpleNamespace(default=lambda *a: [0xF00, 264, 160, 99000, 2, 4096]))
+    wg = []
+    fake = types.SimpleNamespace(describe=types.SimpleNamespace(default=lambda *a: [0xF00, 264, 160, 99000, 2, 4096,
+                                                                                    wg[-1]]))
     monkeypatch.setattr(cuda_decode, "_OPS", [fake])
     monkeypatch.setattr(cuda_decode, "split_partials", lambda device, n: torch.zeros(n, dtype=torch.int32))
     counts = torch.zeros(4096, dtype=torch.int32)
-    x, w = torch.randn(40, 256, dtype=torch.bfloat16), torch.randn(5, 128, 64, dtype=torch.bfloat16)
-    y, cols, row_ptr = torch.empty(40, 384, dtype=torch.bfloat16), torch.zeros(5, dtype=torch.long), torch.zeros(4, dtype=torch.long)
-    ins = (x, w, None, cols, row_ptr, None)
-    r = cuda_decode.recipe(types.SimpleNamespace(values=(4, 2, 1, 0)), (x, w, None, y, cols, row_ptr, counts, 0), ins,
-                           [(y, True)])
-    reference.define(32, *ins, 384, 0, r.launch, r.outputs, r.program, r.held)
-    raw = bytes(reference.pack(32, *ins, 384, 0)[0].tolist())
     bf16 = MAP_TYPES[torch.bfloat16]
-    assert struct.unpack_from("<10Q", raw, 128) == (x.data_ptr(), 3, 2, bf16, 256, 40, 512, 20480, 64, 40)
-    assert struct.unpack_from("<10Q", raw, 256) == (w.data_ptr(), 3, 2, bf16, 64, 640, 128, 81920, 64, 128)
+    w, cols, row_ptr = torch.randn(5, 128, 64, dtype=torch.bfloat16), torch.zeros(5, dtype=torch.long), torch.zeros(4, dtype=torch.long)
+    for n, (tokens, wgmma) in enumerate(((40, 1), (16, 1), (1, 1), (16, 0))):
+        wg.append(wgmma)
+        x, y = torch.randn(tokens, 256, dtype=torch.bfloat16), torch.empty(tokens, 384, dtype=torch.bfloat16)
+        ins = (x, w, None, cols, row_ptr, None)
+        r = cuda_decode.recipe(types.SimpleNamespace(values=(4, 2, 1)), (x, w, None, y, cols, row_ptr, counts, 0), ins,
+                               [(y, True)])
+        reference.define(40 + n, *ins, 384, 0, r.launch, r.outputs, r.program, r.held)
+        raw = bytes(reference.pack(40 + n, *ins, 384, 0)[0].tolist())
+        assert struct.unpack_from("<10Q", raw, 128) == (x.data_ptr(), 3 * wgmma, 2, bf16, 256, tokens, 512, 512 * tokens,
+                                                         64, tokens)
+        if wgmma:
+            assert struct.unpack_from("<10Q", raw, 256) == (w.data_ptr(), 3, 2, bf16, 64, 640, 128, 81920, 64, 128)
+        else:
+            assert raw[256:384] == bytes(128)
     none = torch.empty(0, 128, 64, dtype=torch.bfloat16)  # a layout of no blocks copies none: no W map
+    x, y = torch.randn(40, 256, dtype=torch.bfloat16), torch.empty(40, 384, dtype=torch.bfloat16)
     ins = (x, none, None, cols[:0], row_ptr, None)
-    r = cuda_decode.recipe(types.SimpleNamespace(values=(4, 2, 1, 1)), (x, none, None, y, cols[:0], row_ptr, counts, 0),
+    wg.append(1)
+    r = cuda_decode.recipe(types.SimpleNamespace(values=(4, 2, 1)), (x, none, None, y, cols[:0], row_ptr, counts, 0),
                            ins, [(y, True)])
     reference.define(33, *ins, 384, 0, r.launch, r.outputs, r.program, r.held)
     raw = bytes(reference.pack(33, *ins, 384, 0)[0].tolist())

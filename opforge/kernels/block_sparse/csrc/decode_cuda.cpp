@@ -4,25 +4,27 @@
 //
 // Ops, registered under the namespace given by -DOPFORGE_NS=<name> (cuda_decode.py calls them):
 //   forward(Tensor x, Tensor w, Tensor? b, Tensor(a!) y, Tensor cols, Tensor row_ptr,
-//           Tensor(b!) counts, int chunk, int stages, int ctas, int overlap, int whole=0) -> ()
-//     y = x Wᵀ (+ b): x (T, in) with 1 <= T <= 64 (33-64: 64-wide blocks on sm_90a only) and w (nnz, bh, bw) contiguous, float16 or
-//     bfloat16, 16-byte aligned, bh and bw of 32, 64 or 128; b (out) of x's dtype, contiguous; y
-//     (T, out) of x's dtype, contiguous; cols (nnz) and row_ptr (out / bh + 1) int64, the layout's;
-//     counts int32 zeros of at least (out / bh) * (bh / 16) elements, left at zero (one buffer a
+//           Tensor(b!) counts, int chunk, int stages, int ctas, int overlap, int wgmma=-1) -> ()
+//     y = x Wᵀ (+ b): x (T, in) with 1 <= T <= 64 (33-64: 64-wide blocks on sm_90a only) and w (nnz, bh, bw)
+//     contiguous, float16 or bfloat16, 16-byte aligned, bh and bw of 32, 64 or 128; b (out) of x's dtype,
+//     contiguous; y (T, out) of x's dtype, contiguous; cols (nnz) and row_ptr (out / bh + 1) int64, the
+//     layout's; counts int32 zeros of at least (out / bh) * (bh / 16) elements, left at zero (one buffer a
 //     stream). chunk: blocks a CTA (0: an equal share of the grid's; tests cut the rows every way
 //     with it); stages: blocks in flight a CTA; ctas: CTAs an SM (as many as fit, if fewer);
 //     overlap: 1 to launch as a programmatic dependent of the kernel before it on the stream
-//     (decode_cuda_kernel.cuh), 0 not; whole: 1 for a CTA to take the rows whose first block is in its
-//     share, whole (no row cut, counts untouched), 0 for the share as it is.
-//   grid(Tensor x, int bh, int bw, int stages, int ctas) -> int
+//     (decode_cuda_kernel.cuh), 0 not; wgmma: 1 for a tile through wgmma (64-wide blocks 64 or 128 high,
+//     compute capability 9.0), 0 for mma.sync's (1 to 32 tokens), -1 (the default) for wgmma's where it runs,
+//     mma.sync's elsewhere.
+//   grid(Tensor x, int bh, int bw, int stages, int ctas, int wgmma=-1) -> int
 //     the CTAs forward launches for x's tokens, dtype and device with that config: 0 when no
 //     variant takes it (not compiled, older than sm_90, or too large for shared memory).
-//   describe(Tensor x, Tensor w, int chunk, int stages, int ctas) -> int[]
+//   describe(Tensor x, Tensor w, int chunk, int stages, int ctas, int wgmma=-1) -> int[]
 //     how forward launches for x and w (their shapes, dtype and device; the same checks): [the
 //     kernel's CUfunction in the current device's context, grid, threads, shared bytes, blocks a CTA,
-//     the fp32 elements of its partial-sum slots], for a launch from packed parameters
-//     (native_launch's recipes: cuda_decode.py), whose parameters are Args's fields, the ring's
-//     slots and x's tensor map (a (bw, T) box; unread at T = 1).
+//     the fp32 elements of its partial-sum slots, 1 if it multiplies through wgmma], for a launch from
+//     packed parameters (native_launch's recipes: cuda_decode.py), whose parameters are Args's fields, the
+//     ring's slots, x's tensor map (a (bw, T) box; unread at T = 1 by mma.sync's tile; in the 128-byte swizzle
+//     for wgmma's) and W's (wgmma's only).
 
 #ifndef USE_CUDA
 #define USE_CUDA  // the shim's CUDA entry points (aoti_torch_get_current_cuda_stream)
@@ -69,10 +71,9 @@ void check_on(const Tensor& t, const char* name, int32_t device) {
 
 bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
-// The variant of T tokens and bh x bw blocks (nt 0: none takes T), through wgmma if asked (past 32 tokens,
-// always: the 64-token tile is wgmma's only).
-k::Config config_of(int64_t tokens, int64_t bh, int64_t bw, int64_t stages, int64_t ctas, bool overlap = false,
-                    bool wgmma = false) {
+// The variant of T tokens and bh x bw blocks (nt 0: none takes T), through wgmma or mma.sync (past 32 tokens,
+// wgmma: the 64-token tile is wgmma's only).
+k::Config config_of(int64_t tokens, int64_t bh, int64_t bw, int64_t stages, int64_t ctas, bool overlap, bool wgmma) {
   const int64_t tiles = (tokens + 7) / 8;
   const int nt = tiles <= 2 ? static_cast<int>(tiles) : (tiles <= 4 ? 4 : (tiles <= 8 && k::kMaxTokens >= 64 ? 8 : 0));
   return k::Config{nt, static_cast<int>(bw / 32), static_cast<int>(bh / 16), wgmma || nt == 8 ? 1 : 0,
@@ -84,35 +85,52 @@ bool shape_compiled(int64_t bh, int64_t bw) {
   return (bh == 32 || bh == 64 || bh == 128) && (bw == 32 || bw == 64 || bw == 128);
 }
 
-int grid_for(const Tensor& x, int64_t bh, int64_t bw, int64_t stages, int64_t ctas, int64_t wgmma) {
+// The variant a call takes and its grid (0: none). wgmma -1 takes wgmma's tile where one runs (compute
+// capability 9.0, 64-wide blocks 64 or 128 high), mma.sync's elsewhere: on issue 35's layers wgmma's was as fast
+// or faster at every token count, 0-0.2 us a layer at 1 token, 0.4-1.6 at 32 (H200; docs/benchmarks.md, issue
+// 35, twenty-sixth session).
+struct Pick {
+  k::Config c;
+  int grid;
+};
+
+Pick pick(const Tensor& x, int64_t bh, int64_t bw, int64_t stages, int64_t ctas, bool overlap, int64_t wgmma) {
   const int64_t tokens = x.size(0);
-  if (tokens < 1 || tokens > k::kMaxTokens || !shape_compiled(bh, bw)) return 0;
   const ScalarType dt = x.scalar_type();
-  if (dt != ScalarType::BFloat16 && dt != ScalarType::Half) return 0;
-  int grid = 0;
-  const cudaError_t err = k::grid_of(dt == ScalarType::BFloat16, config_of(tokens, bh, bw, stages, ctas, false, wgmma == 1),
-                                     x.get_device_index(), &grid);
-  STD_TORCH_CHECK(err == cudaSuccess, kOp, ": CUDA error: ", cudaGetErrorString(err));
-  return grid;
+  if (tokens < 1 || tokens > k::kMaxTokens || !shape_compiled(bh, bw) ||
+      (dt != ScalarType::BFloat16 && dt != ScalarType::Half))
+    return {config_of(tokens, bh, bw, stages, ctas, overlap, false), 0};
+  auto try_one = [&](bool wg) {
+    Pick p{config_of(tokens, bh, bw, stages, ctas, overlap, wg), 0};
+    const cudaError_t err = k::grid_of(dt == ScalarType::BFloat16, p.c, x.get_device_index(), &p.grid);
+    STD_TORCH_CHECK(err == cudaSuccess, kOp, ": CUDA error: ", cudaGetErrorString(err));
+    return p;
+  };
+  if (wgmma != -1) return try_one(wgmma == 1);
+  const Pick wg = try_one(true);
+  return wg.grid > 0 ? wg : try_one(false);
 }
 
 int64_t grid(Tensor x, int64_t bh, int64_t bw, int64_t stages, int64_t ctas, int64_t wgmma) {
   STD_TORCH_CHECK(x.is_cuda() && x.dim() == 2, kOp, ": grid takes x, a (T, in) CUDA tensor, got ", device_name(x), " ",
                   shape_str(x.sizes()));
-  return grid_for(x, bh, bw, stages, ctas, wgmma);
+  STD_TORCH_CHECK(wgmma >= -1 && wgmma <= 1, kOp, ": wgmma must be -1, 0 or 1, got ", wgmma);
+  return pick(x, bh, bw, stages, ctas, false, wgmma).grid;
 }
 
-// A launch's grid, blocks a CTA and partial-sum slots (fp32 elements: a slot a (CTA, strip) for the
+// A launch's variant, grid, blocks a CTA and partial-sum slots (fp32 elements: a slot a (CTA, strip) for the
 // row cut at the CTA's end), for forward's checked arguments.
 struct Geometry {
+  k::Config c;
   int grid, share;
   int64_t part;
 };
 
 Geometry geometry(const Tensor& x, int64_t nnz, int64_t bh, int64_t bw, int64_t chunk, int64_t stages, int64_t ctas,
-                  int64_t wgmma) {
+                  bool overlap, int64_t wgmma) {
   const int64_t tokens = x.size(0);
-  int grid = grid_for(x, bh, bw, stages, ctas, wgmma);
+  const Pick p = pick(x, bh, bw, stages, ctas, overlap, wgmma);
+  int grid = p.grid;
   STD_TORCH_CHECK(grid > 0, kOp, ": no variant for ", tokens, " tokens and ", bh, " x ", bw, " blocks with ", stages,
                   " stages and ", ctas, " CTAs an SM", wgmma == 1 ? " through wgmma" : "", " on cuda:",
                   x.get_device_index(), " (it needs sm_90 or newer, wgmma compute capability 9.0 and blocks 64 wide, ",
@@ -122,11 +140,11 @@ Geometry geometry(const Tensor& x, int64_t nnz, int64_t bh, int64_t bw, int64_t 
     share = static_cast<int>(std::min<int64_t>(chunk, std::max<int64_t>(nnz, 1)));
     grid = static_cast<int>(std::max<int64_t>(1, (nnz + share - 1) / share));  // lower CTAs start first: no deadlock
   }
-  return {grid, share, int64_t{grid} * (bh / 16) * config_of(tokens, bh, bw, stages, ctas).nt * 32 * 4};
+  return {p.c, grid, share, int64_t{grid} * (bh / 16) * p.c.nt * 32 * 4};
 }
 
 void forward(Tensor x, Tensor w, std::optional<Tensor> b, Tensor y, Tensor cols, Tensor row_ptr, Tensor counts,
-             int64_t chunk, int64_t stages, int64_t ctas, int64_t overlap, int64_t whole, int64_t wgmma) {
+             int64_t chunk, int64_t stages, int64_t ctas, int64_t overlap, int64_t wgmma) {
   STD_TORCH_CHECK(x.is_cuda(), kOp, ": x must be a CUDA tensor, got ", device_name(x));
   const int32_t device = x.get_device_index();
   check_on(x, "x", device);
@@ -162,8 +180,7 @@ void forward(Tensor x, Tensor w, std::optional<Tensor> b, Tensor y, Tensor cols,
                   ": the layout is too large for this kernel (", nnz, " blocks)");
   STD_TORCH_CHECK(chunk >= 0, kOp, ": chunk must be >= 0 (0: an equal share), got ", chunk);
   STD_TORCH_CHECK(overlap == 0 || overlap == 1, kOp, ": overlap must be 0 or 1, got ", overlap);
-  STD_TORCH_CHECK(whole == 0 || whole == 1, kOp, ": whole must be 0 or 1, got ", whole);
-  STD_TORCH_CHECK(wgmma == 0 || wgmma == 1, kOp, ": wgmma must be 0 or 1, got ", wgmma);
+  STD_TORCH_CHECK(wgmma >= -1 && wgmma <= 1, kOp, ": wgmma must be -1, 0 or 1, got ", wgmma);
   const void* bp = nullptr;
   if (b) {
     check_on(*b, "b", device);
@@ -173,8 +190,8 @@ void forward(Tensor x, Tensor w, std::optional<Tensor> b, Tensor y, Tensor cols,
   }
 
   const torch::stable::accelerator::DeviceGuard guard(device);
-  const k::Config c = config_of(tokens, bh, bw, stages, ctas, overlap == 1, wgmma == 1);
-  const Geometry g = geometry(x, nnz, bh, bw, chunk, stages, ctas, wgmma);
+  const Geometry g = geometry(x, nnz, bh, bw, chunk, stages, ctas, overlap == 1, wgmma);
+  const k::Config c = g.c;
   const int grid = g.grid, share = g.share;
   Tensor part = torch::stable::new_empty(x, {g.part}, ScalarType::Float);
   void* stream = nullptr;
@@ -184,7 +201,7 @@ void forward(Tensor x, Tensor w, std::optional<Tensor> b, Tensor y, Tensor cols,
                   static_cast<const int64_t*>(cols.data_ptr()), static_cast<const int64_t*>(row_ptr.data_ptr()),
                   static_cast<float*>(part.data_ptr()), static_cast<int*>(counts.data_ptr()),
                   static_cast<int>(tokens), static_cast<int>(k_in), static_cast<int>(out_features), static_cast<int>(bh),
-                  static_cast<int>(rows), static_cast<int>(nnz), share, static_cast<int>(whole)};
+                  static_cast<int>(rows), static_cast<int>(nnz), share};
   const cudaError_t err = k::launch(dt == ScalarType::BFloat16, c, grid, a, static_cast<cudaStream_t>(stream));
   STD_TORCH_CHECK(err == cudaSuccess, kOp, ": CUDA error: ", cudaGetErrorString(err));
 }
@@ -193,24 +210,25 @@ std::vector<int64_t> describe(Tensor x, Tensor w, int64_t chunk, int64_t stages,
   STD_TORCH_CHECK(x.is_cuda() && x.dim() == 2 && w.dim() == 3, kOp, ": describe takes x (T, in) and w (nnz, bh, bw) of "
                   "a call, got ", device_name(x), " ", shape_str(x.sizes()), " and ", shape_str(w.sizes()));
   STD_TORCH_CHECK(chunk >= 0, kOp, ": chunk must be >= 0 (0: an equal share), got ", chunk);
-  const int64_t tokens = x.size(0), nnz = w.size(0), bh = w.size(1), bw = w.size(2);
+  const int64_t nnz = w.size(0), bh = w.size(1), bw = w.size(2);
   const torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
-  const Geometry g = geometry(x, nnz, bh, bw, chunk, stages, ctas, wgmma);
-  const k::Config c = config_of(tokens, bh, bw, stages, ctas, false, wgmma == 1);
+  STD_TORCH_CHECK(wgmma >= -1 && wgmma <= 1, kOp, ": wgmma must be -1, 0 or 1, got ", wgmma);
+  const Geometry g = geometry(x, nnz, bh, bw, chunk, stages, ctas, false, wgmma);
+  const k::Config c = g.c;
   void* fn = nullptr;
   const cudaError_t err = k::function_of(x.scalar_type() == ScalarType::BFloat16, c, &fn);
   STD_TORCH_CHECK(err == cudaSuccess, kOp, ": CUDA error: ", cudaGetErrorString(err));
   return {static_cast<int64_t>(reinterpret_cast<uintptr_t>(fn)), g.grid, k::threads_of(c), k::smem_of(c, 2), g.share,
-          g.part};
+          g.part, c.wg};
 }
 
 }  // namespace
 
 OPFORGE_LIBRARY(OPFORGE_NS, m) {
   m.def("forward(Tensor x, Tensor w, Tensor? b, Tensor(a!) y, Tensor cols, Tensor row_ptr, Tensor(b!) counts, "
-        "int chunk, int stages, int ctas, int overlap, int whole=0, int wgmma=0) -> ()");
-  m.def("grid(Tensor x, int bh, int bw, int stages, int ctas, int wgmma=0) -> int");
-  m.def("describe(Tensor x, Tensor w, int chunk, int stages, int ctas, int wgmma=0) -> int[]");
+        "int chunk, int stages, int ctas, int overlap, int wgmma=-1) -> ()");
+  m.def("grid(Tensor x, int bh, int bw, int stages, int ctas, int wgmma=-1) -> int");
+  m.def("describe(Tensor x, Tensor w, int chunk, int stages, int ctas, int wgmma=-1) -> int[]");
 }
 
 OPFORGE_LIBRARY_IMPL(OPFORGE_NS, CompositeExplicitAutograd, m) {

@@ -18,11 +18,11 @@
 
 namespace opforge_block_sparse_decode {
 
-// The variants compiled: bh and bw of 32, 64 or 128, 8-token tiles 1, 2 or 4; built with
-// -DOPFORGE_DECODE_WGMMA (and for sm_90a), also the 64-token tile (8 tiles of 8) through wgmma for 64 x 64
-// and 128 x 64 blocks. The package's build sets OPFORGE_ARCH_SPECIFIC (engine/flags.py): a compute
+// The variants compiled: bh and bw of 32, 64 or 128, 8-token tiles 1, 2 or 4 through mma.sync; built with
+// -DOPFORGE_DECODE_WGMMA (and for sm_90a), also tiles of 1, 2, 4 and 8 (the 64-token tile) through wgmma for
+// 64 x 64 and 128 x 64 blocks. The package's build sets OPFORGE_ARCH_SPECIFIC (engine/flags.py): a compute
 // capability 9.0 GPU then runs this binary's sm_90a code, or PTX older than compute_90, which grid_of()
-// refuses; so the tile is in.
+// refuses; so the wgmma tiles are in.
 #if defined(OPFORGE_ARCH_SPECIFIC) && !defined(OPFORGE_DECODE_WGMMA)
 #define OPFORGE_DECODE_WGMMA 1
 #endif
@@ -43,7 +43,6 @@ struct Args {
   float* part;  // a slot a (CTA, 16-row strip): NT * 32 float4
   int* counts;  // one a (block-row, 16-row strip): zeros, left at zero
   int tokens, k_in, n_out, bh, rows, nnz, chunk;  // chunk: blocks a CTA
-  int whole;  // 1: a CTA takes the rows whose first block is in its share, whole (no partial sums); 0: the share
 };
 
 // A launch: the variant (8-token tiles, bw / 32, bh / 16, and wg: 1 for wgmma's tile, 0 for mma.sync's) and its
@@ -53,8 +52,9 @@ struct Config {
   int nt, kq, mt, wg, stages, ctas, overlap;
 };
 
-// (the args, the ring's slots, x's tensor map: a (bw, T) box of x, unused at T = 1; W's: a (bw, bh) box
-// of W as (nnz * bh, bw) in the 128-byte swizzle, read by the 64-token tile only)
+// (the args, the ring's slots, x's tensor map: a (bw, T) box of x, unused by mma.sync's tiles at T = 1, in the
+// 128-byte swizzle for wgmma's; W's: a (bw, bh) box of W as (nnz * bh, bw) in the 128-byte swizzle, read by the
+// wgmma tiles only)
 using Kernel = void (*)(Args, int, CUtensorMap, CUtensorMap);
 
 // The kernel of a variant (nullptr: not compiled). One table a dtype (decode_cuda_{bf16,f16}.cu).

@@ -94,12 +94,13 @@ __device__ __forceinline__ void wg_pin(float (&d)[NT][4]) {
 }
 
 // d += A B for a 64 x 16 slice of A (descriptor a) and a 16 x 8 NT slice of B (descriptor b): m64nNk16 with
-// N = 8 NT tokens (NT of 2, 4 or 8), 4 NT accumulators a thread.
+// N = 8 NT tokens (NT of 1, 2, 4 or 8), 4 NT accumulators a thread.
 #define OPFORGE_WG_D(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
 template <bool BF16, int NT>
 __device__ __forceinline__ void wg_mma(float (&d)[NT][4], uint64_t a, uint64_t b) {
 #ifdef OPFORGE_WGMMA_DEVICE
-#define OPFORGE_WG_R8 "%0,%1,%2,%3,%4,%5,%6,%7"
+#define OPFORGE_WG_R4 "%0,%1,%2,%3"
+#define OPFORGE_WG_R8 OPFORGE_WG_R4 ",%4,%5,%6,%7"
 #define OPFORGE_WG_R16 OPFORGE_WG_R8 ",%8,%9,%10,%11,%12,%13,%14,%15"
 #define OPFORGE_WG_R32 OPFORGE_WG_R16 ",%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
 #define OPFORGE_WG_CALL(N, TY, REGS, A, B, P, ...)                                                                   \
@@ -108,8 +109,13 @@ __device__ __forceinline__ void wg_mma(float (&d)[NT][4], uint64_t a, uint64_t b
                ", p, 1, 1, 0, 0;\n}\n"                                                                             \
                : __VA_ARGS__                                                                                       \
                : "l"(a), "l"(b), "r"(1))
-  static_assert(NT == 2 || NT == 4 || NT == 8, "wgmma tiles of 16, 32 or 64 tokens");
-  if constexpr (NT == 2) {
+  static_assert(NT == 1 || NT == 2 || NT == 4 || NT == 8, "wgmma tiles of 8, 16, 32 or 64 tokens");
+  if constexpr (NT == 1) {
+    if constexpr (BF16)
+      OPFORGE_WG_CALL("8", "bf16", OPFORGE_WG_R4, "4", "5", "6", OPFORGE_WG_D(0));
+    else
+      OPFORGE_WG_CALL("8", "f16", OPFORGE_WG_R4, "4", "5", "6", OPFORGE_WG_D(0));
+  } else if constexpr (NT == 2) {
     if constexpr (BF16)
       OPFORGE_WG_CALL("16", "bf16", OPFORGE_WG_R8, "8", "9", "10", OPFORGE_WG_D(0), OPFORGE_WG_D(1));
     else
@@ -133,6 +139,7 @@ __device__ __forceinline__ void wg_mma(float (&d)[NT][4], uint64_t a, uint64_t b
 #undef OPFORGE_WG_R32
 #undef OPFORGE_WG_R16
 #undef OPFORGE_WG_R8
+#undef OPFORGE_WG_R4
 #endif
 }
 #undef OPFORGE_WG_D
@@ -175,36 +182,6 @@ __device__ __forceinline__ Found find_row(const int64_t* row_ptr, int rows, int 
     if (done) return {count - 1, last, next - last};
   }
   return {count - 1, 0, 0};  // not reached: row_ptr[rows] = nnz > at
-}
-
-// A share [lo, hi) of whole rows (Args::whole): the rows whose first block falls in it, so [lo', hi') with
-// lo' and hi' the first row starts (row_ptr's entries; the last is nnz) at or after lo and hi. Every warp
-// finds them for itself, the same loads as find_row's, all issued at once: no barrier, no shared memory.
-struct Bounds {
-  int lo, hi;
-};
-
-__device__ __forceinline__ Bounds row_bounds(const int64_t* row_ptr, int rows, int lo, int hi, int lane) {
-  constexpr int kLoads = 8;
-  Bounds out{-1, -1};
-  for (int base = 0; base <= rows && out.hi < 0; base += 32 * kLoads) {
-    int val[kLoads];
-#pragma unroll
-    for (int c = 0; c < kLoads; ++c) {
-      const int i = base + c * 32 + lane;
-      val[c] = i <= rows ? static_cast<int>(__ldg(row_ptr + i)) : -1;
-    }
-#pragma unroll
-    for (int c = 0; c < kLoads; ++c) {  // the first lane at or past each bound (ballots: the warp agrees)
-      const unsigned at_lo = __ballot_sync(0xffffffffu, val[c] >= lo);
-      const unsigned at_hi = __ballot_sync(0xffffffffu, val[c] >= hi);
-      const int from_lo = __shfl_sync(0xffffffffu, val[c], at_lo ? __ffs(at_lo) - 1 : 0);
-      const int from_hi = __shfl_sync(0xffffffffu, val[c], at_hi ? __ffs(at_hi) - 1 : 0);
-      if (out.lo < 0 && at_lo) out.lo = from_lo;
-      if (out.hi < 0 && at_hi) out.hi = from_hi;
-    }
-  }
-  return out;  // row_ptr[rows] = nnz >= hi >= lo: both found
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }

@@ -3,10 +3,10 @@
 // A memory-bound kernel, so its one job is to keep HBM busy from the first cycle to the last.
 //
 // * CTA c takes the blocks [c * chunk, (c + 1) * chunk) in storage order: an equal share of the
-//   bytes whatever the rows' lengths, so no SM waits on a long row. Or, with Args::whole, the rows whose
-//   first block is in that share, whole: shares unequal by up to a row, but no row cut, so no partial
-//   sums, counts or waits (where rows are many and short: docs/benchmarks.md, issue 35, twenty-sixth
-//   session).
+//   bytes whatever the rows' lengths, so no SM waits on a long row. (Shares of whole rows, the rows
+//   starting in each, were 1.0-4.4x slower on issue 35's layers at every T: a CTA streams its blocks at a
+//   rate set by its ring, so the longest share sets the layer's time; docs/benchmarks.md, issue 35,
+//   twenty-sixth session.)
 // * A producer warp copies the share's blocks into a ring of `stages` slots in shared memory with
 //   the copy engine (cp.async.bulk; an mbarrier for a slot full, one for it empty): the bytes in
 //   flight are bounded by shared memory, not registers. bh / 16 consumer warps each take a 16-row
@@ -43,19 +43,21 @@
 namespace opforge_block_sparse_decode {
 
 // The dynamic shared memory: the full and empty mbarriers, the CTA's row search (a Found), then the ring.
-// The 64-token tile's ring (wgmma's 128-byte swizzle) starts on a 1024-byte boundary, which the kernel finds
+// A wgmma tile's ring (wgmma's 128-byte swizzle) starts on a 1024-byte boundary, which the kernel finds
 // at run time within kWgSlack more bytes.
 __host__ __device__ constexpr int found_offset(int stages) { return 2 * stages * 8; }
 __host__ __device__ constexpr int ring_offset(int stages) { return (found_offset(stages) + 16 + 127) / 128 * 128; }
 constexpr int kWgSlack = 1024;
 
 // The wgmma tiles (WG): W and x both in the 128-byte swizzle (decode_cuda_device.cuh), 64-wide blocks (a row of
-// a block is a swizzle's 128 bytes) of 64 or 128 rows (one warpgroup a 64), 16, 32 or 64 tokens (NT 2, 4, 8).
-// The 64-token tile is wgmma's only; the others are mma.sync's too.
+// a block is a swizzle's 128 bytes) of 64 or 128 rows (one warpgroup a 64), 8, 16, 32 or 64 tokens (NT 1, 2, 4,
+// 8). The 64-token tile is wgmma's only; the others are mma.sync's too, for the blocks wgmma's don't take and
+// GPUs other than compute capability 9.0. Where both run, wgmma's was as fast or faster on every row of issue 35
+// (docs/benchmarks.md, twenty-sixth session), and the op takes it (decode_cuda.cpp's pick).
 template <int NT, int KQ, int MT, bool WG>
 __host__ __device__ constexpr bool compiled_variant() {
 #ifdef OPFORGE_DECODE_WGMMA
-  return WG ? NT >= 2 && KQ == 2 && (MT == 4 || MT == 8) : NT < 8;
+  return WG ? KQ == 2 && (MT == 4 || MT == 8) : NT < 8;
 #else
   return !WG && NT < 8;
 #endif
@@ -219,8 +221,8 @@ __global__ void __launch_bounds__(32 * (MT + 1))
   if constexpr (WG) ring += (1024 - (smem_u32(ring) & 1023)) & 1023;  // the swizzle's 1024-byte boundary
   const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
   const int c = blockIdx.x;
-  int lo = c * a.chunk;
-  int hi = min(lo + a.chunk, a.nnz);
+  const int lo = c * a.chunk;
+  const int hi = min(lo + a.chunk, a.nnz);
   const unsigned char* w = static_cast<const unsigned char*>(a.w);
   auto block = [&](int k) { return w + static_cast<int64_t>(hi - 1 - k) * BLOCK; };  // step k's block
   if (threadIdx.x == 0) {
@@ -232,11 +234,6 @@ __global__ void __launch_bounds__(32 * (MT + 1))
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   wait_for_prior_grids();
-  if (a.whole && lo < hi) {  // whole rows: those starting in the share (read after the wait: the layout may be new)
-    const Bounds b = row_bounds(a.row_ptr, a.rows, lo, hi, lane);
-    lo = b.lo;
-    hi = b.hi;
-  }
   __syncthreads();
   if (lo < hi) {
     if (wi == MT) {
@@ -269,7 +266,7 @@ __global__ void __launch_bounds__(32 * (MT + 1))
         }
         const int col = __shfl_sync(0xffffffffu, colv, k & 31);  // after lane 0's expect: the warp meets here
         if (lane == 0) {
-          if (a.tokens == 1)
+          if (!WG && a.tokens == 1)  // (wgmma's tiles read x's rows in the swizzle: through the map)
             bulk_copy(ring + slot * SLOT + BLOCK, x + static_cast<int64_t>(col) * (32 * KQ) * static_cast<int>(sizeof(T)),
                       XROW, full + slot);
           else  // every token's slice in one copy: the (bw, T) box of x at the column

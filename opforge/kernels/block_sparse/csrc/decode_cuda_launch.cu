@@ -33,7 +33,8 @@ Encode encoder() {
 }
 
 // x (tokens, k_in) as a 2-D tensor, its box a block's column slice of every token: (bw, tokens),
-// rows bw * elem bytes apart in shared memory, as the ring's slot holds them. Only for tokens > 1.
+// rows bw * elem bytes apart in shared memory, as the ring's slot holds them (in the 128-byte swizzle for the
+// wgmma tiles). Not for mma.sync's tiles at one token, whose x slice is a plain copy.
 // Encoded as native_launch's map slots encode (128-byte L2 promotion), so a launch from a recipe
 // (cuda_decode.py) passes the same map.
 // A 2-D map of `rows` rows of `cols` elements, read in (box_cols, box_rows) boxes.
@@ -58,7 +59,7 @@ cudaError_t x_map(bool bf16, const Config& c, const Args& a, CUtensorMap* map) {
   return map_2d(bf16, a.x, a.k_in, a.tokens, 32 * c.kq, a.tokens, wgmma_variant(c), map);
 }
 
-// W (nnz, bh, bw) as (nnz * bh, bw), a block a box, in the 128-byte swizzle: the 64-token tile's.
+// W (nnz, bh, bw) as (nnz * bh, bw), a block a box, in the 128-byte swizzle: the wgmma tiles'.
 cudaError_t w_map(bool bf16, const Config& c, const Args& a, CUtensorMap* map) {
   return map_2d(bf16, a.w, 32 * c.kq, int64_t{a.nnz} * a.bh, 32 * c.kq, a.bh, true, map);
 }
@@ -141,7 +142,7 @@ cudaError_t launch(bool bf16, const Config& c, int grid, const Args& a, cudaStre
   launch.attrs = overlap;
   launch.numAttrs = c.overlap ? 1 : 0;
   CUtensorMap map{}, wmap{};
-  if (a.tokens > 1) {
+  if (a.tokens > 1 || wgmma_variant(c)) {
     const cudaError_t err = x_map(bf16, c, a, &map);
     if (err != cudaSuccess) return err;
   }
