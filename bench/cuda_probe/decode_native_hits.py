@@ -1,6 +1,7 @@
-"""Probe: does each eager call of the CUDA decode kernel replay from C++ (a native hit), at T=32 (mma.sync) and
-T=64 (the wgmma tile), and at what host cost? 16 layers of 14336->4096 at d=0.25, 20 passes over them, no
-sync; the plans' kinds (issue 35, twenty-fifth session).
+"""Probe: does each eager call of the CUDA decode kernel replay from C++ (a native hit), at T=32 and T=64, and at
+what host cost? 16 layers of 14336->4096 at d=0.25, 20 passes over them, no sync; the plans' kinds (issue 35,
+twenty-fifth session). On compute capability 9.0 both go through wgmma since the twenty-sixth session (T=32 was
+mma.sync's tile before), their recipes with x's map in the 128-byte swizzle and W's.
 
 Usage::
 
