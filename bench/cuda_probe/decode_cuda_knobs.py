@@ -7,7 +7,7 @@ tokens). Each (ring slots, CTAs an SM, wgmma) is checked against the layer's out
 rows against the route: 16 rotated layers, graph-replayed, GPU µs per layer.
 
 Commit 89a369e's version of this probe also timed CTAs that take whole rows (those starting in their share, no
-partial sums): 1.0-4.4x slower on every row (docs/benchmarks.md, issue 35, twenty-sixth session), and taken out.
+partial sums): 1.1-3.1x the time of equal shares on every row (docs/benchmarks.md, issue 35, twenty-sixth session), and taken out.
 
 Usage::
 

@@ -12,7 +12,7 @@ rows cut between CTAs are summed with one trip to memory (``csrc/decode_cuda_ker
   Anything else, or ``OPFORGE_BLOCK_SPARSE_CUDA=0``, is not offered and the Triton kernels take the call.
   Where wgmma's tiles run (those blocks on compute capability 9.0) they take every token count, mma.sync's
   the rest: wgmma's reads x's slice once a block where each mma.sync warp read it, and was as fast or faster
-  on every row of issue 35, 0.4-1.6 µs a layer at T=32 (docs/benchmarks.md, twenty-sixth session).
+  on every row of issue 35, 0.8-1.8 µs a layer at T=32 (docs/benchmarks.md, twenty-sixth session).
 * **Built** on first use (a stable-ABI extension of its own, like ``native_autograd.py``'s, so one
   binary serves every torch from 2.10): the first decode call on an sm_90 GPU with an empty cache
   waits for nvcc, about 11 s for each dtype's TU, the two built in parallel; ``OPFORGE_BUILD=block_sparse``

@@ -87,7 +87,7 @@ bool shape_compiled(int64_t bh, int64_t bw) {
 
 // The variant a call takes and its grid (0: none). wgmma -1 takes wgmma's tile where one runs (compute
 // capability 9.0, 64-wide blocks 64 or 128 high), mma.sync's elsewhere: on issue 35's layers wgmma's was as fast
-// or faster at every token count, 0-0.2 us a layer at 1 token, 0.4-1.6 at 32 (H200; docs/benchmarks.md, issue
+// or faster at every token count, 0-0.2 us a layer at 1 token, 0.8-1.8 at 32 (H200; docs/benchmarks.md, issue
 // 35, twenty-sixth session).
 struct Pick {
   k::Config c;

@@ -4,8 +4,8 @@
 //
 // * CTA c takes the blocks [c * chunk, (c + 1) * chunk) in storage order: an equal share of the
 //   bytes whatever the rows' lengths, so no SM waits on a long row. (Shares of whole rows, the rows
-//   starting in each, were 1.0-4.4x slower on issue 35's layers at every T: a CTA streams its blocks at a
-//   rate set by its ring, so the longest share sets the layer's time; docs/benchmarks.md, issue 35,
+//   starting in each, took 1.1-3.1x as long on issue 35's layers at every T: the CTAs stream at about the
+//   same rate a block, so the CTA with the longest row sets the layer's time; docs/benchmarks.md, issue 35,
 //   twenty-sixth session.)
 // * A producer warp copies the share's blocks into a ring of `stages` slots in shared memory with
 //   the copy engine (cp.async.bulk; an mbarrier for a slot full, one for it empty): the bytes in
