@@ -24,7 +24,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from decode_floor import checked_timings, graph_us, head, issue_rows, keyed, probe_args, record, write_rows  # noqa: E402
+import decode_floor as floor  # noqa: E402
 
 
 def knob(text: str) -> list[int]:
@@ -32,10 +32,10 @@ def knob(text: str) -> list[int]:
 
 
 def main() -> None:
-    from opforge.kernels.block_sparse import cuda_decode, triton_impl
+    from opforge.kernels.block_sparse import cuda_decode
     from opforge.kernels.block_sparse.buffers import split_counts
 
-    ap = probe_args(argparse.ArgumentParser())
+    ap = floor.probe_args(argparse.ArgumentParser())
     ap.add_argument("--pairs", default=",".join(f"{s}x{c}" for s, c in cuda_decode.PAIRS))
     ap.add_argument("--wgmma", default="0,1")
     ap.add_argument("--json")
@@ -45,7 +45,6 @@ def main() -> None:
     ops = cuda_decode.ops()
     counts = split_counts(0, 1 << 16)
     pairs = [tuple(map(int, p.split("x"))) for p in args.pairs.split(",")]
-    route = triton_impl.DECODE_ROUTE
 
     def run(m, x, cfg):
         idx = m.layout.indices(dev)
@@ -57,23 +56,20 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, bf16, 64-blocks, {n} layers rotated, graph-replayed, µs per layer",
           flush=True)
     out = []
-    for row in issue_rows(args, dev, dt, seed=1):
+    for row in floor.issue_rows(args, dev, dt, seed=1):
         x, dense, mods = row.pop("x"), row["dense_us"], row.pop("mods")
         row.pop("weights")
+        routed, ref = floor.routed_and_reference(mods, x, dev, n)
         with torch.no_grad():
-            route.forget()
-            triton_impl.forget_plans()
-            routed = graph_us(lambda: [m(x) for m in mods], dev, n)  # noqa: B023
-            ref = mods[0](x).float()
             wgs = [g for g in knob(args.wgmma) if g or x.shape[0] <= 32]  # past 32 tokens, wgmma's tile only
             offered = [(s, c, g) for s, c in pairs for g in wgs if ops.grid(x, 64, 64, s, c, g) > 0]
-            timings = checked_timings(offered, run, mods, x, ref, dev, n) if offered else {}
+            timings = floor.checked_timings(offered, run, mods, x, ref, dev, n) if offered else {}
         best = {g: min((c for c in timings if c[2] == g), key=timings.get, default=None) for g in (0, 1)}
         line = " | ".join(f"{'wgmma' if g else 'mma.sync'} {timings[c]:.1f} {c[:2]} ({dense / timings[c]:.2f}x)"
                           for g, c in best.items() if c is not None)
-        print(f"{head(row)} | route {routed:.1f} ({dense / routed:.2f}x) | {line}", flush=True)
-        out.append(record(row, route_us=routed, cuda=keyed(timings)))
-    write_rows(args.json, out)
+        print(f"{floor.head(row)} | route {routed:.1f} ({dense / routed:.2f}x) | {line}", flush=True)
+        out.append(floor.record(row, route_us=routed, cuda=floor.keyed(timings)))
+    floor.write_rows(args.json, out)
 
 
 if __name__ == "__main__":

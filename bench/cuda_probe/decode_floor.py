@@ -93,6 +93,18 @@ def write_rows(path: str | None, rows: list) -> None:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
 
 
+def routed_and_reference(mods, x, dev, layers: int):
+    """The layers through the package's route, tuned anew (its choices and plans forgotten first): GPU µs a layer,
+    graph-replayed, and the first layer's output as float32, the reference a probe's configs are checked against."""
+    from opforge.kernels.block_sparse import triton_impl
+
+    with torch.no_grad():
+        triton_impl.DECODE_ROUTE.forget()
+        triton_impl.forget_plans()
+        routed = graph_us(lambda: [m(x) for m in mods], dev, layers)
+        return routed, mods[0](x).float()
+
+
 def checked_timings(configs, run, mods, x, ref, dev, layers: int) -> dict:
     """GPU µs a layer of ``run(module, x, config)`` over ``mods`` for each config, graph-replayed, each config's
     output first checked against ``ref`` (within 2e-2 of its largest element)."""

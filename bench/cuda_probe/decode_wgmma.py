@@ -25,7 +25,16 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from decode_floor import checked_timings, graph_us, head, issue_rows, keyed, probe_args, record, write_rows  # noqa: E402
+from decode_floor import (  # noqa: E402
+    checked_timings,
+    head,
+    issue_rows,
+    keyed,
+    probe_args,
+    record,
+    routed_and_reference,
+    write_rows,
+)
 
 
 def probe_ops():
@@ -89,7 +98,6 @@ def main() -> None:
     ap.add_argument("--json")
     ap.set_defaults(tokens="64")
     args = ap.parse_args()
-    from opforge.kernels.block_sparse import triton_impl
     from opforge.kernels.block_sparse.buffers import split_counts
 
     dev, dt, n = torch.device("cuda"), torch.bfloat16, args.layers
@@ -98,7 +106,6 @@ def main() -> None:
     if args.check:
         print(f"check: {check(ops.forward, counts)} launches against fp64, all within 1e-2", flush=True)
     grid = list(itertools.product(*(list(map(int, getattr(args, a).split(","))) for a in ("stages", "ctas"))))
-    route = triton_impl.DECODE_ROUTE
 
     def run(m, x, cfg):
         idx = m.layout.indices(dev)
@@ -110,11 +117,8 @@ def main() -> None:
     for row in issue_rows(args, dev, dt, seed=1):
         x, dense, same, mods = row.pop("x"), row["dense_us"], row["same_bytes_us"], row.pop("mods")
         row.pop("weights")
+        routed, ref = routed_and_reference(mods, x, dev, n)
         with torch.no_grad():
-            route.forget()
-            triton_impl.forget_plans()
-            routed = graph_us(lambda: [m(x) for m in mods], dev, n)  # noqa: B023
-            ref = mods[0](x).float()
             offered = [cfg for cfg in grid if ops.grid(x, 64, 64, *cfg) > 0]
             timings = checked_timings(offered, run, mods, x, ref, dev, n)
         best = min(timings, key=timings.get)
