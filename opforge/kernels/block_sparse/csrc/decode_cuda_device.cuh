@@ -230,6 +230,33 @@ __device__ __forceinline__ void tensor_copy_2d(void* dst, const CUtensorMap* map
       : "memory");
 }
 
+// A probe's build (bench/cuda_probe/decode_cuda_stream.py) may copy the weight's blocks with an L2 evict-first
+// hint (-DOPFORGE_DECODE_L2_HINT): they are read once, where x's slices are read by every row that keeps their
+// column.
+#ifdef OPFORGE_DECODE_L2_HINT
+__device__ __forceinline__ uint64_t evict_first() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+__device__ __forceinline__ void bulk_copy_once(void* dst, const void* src, int bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(evict_first())
+      : "memory");
+}
+
+__device__ __forceinline__ void tensor_copy_2d_once(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3}], "
+      "[%4], %5;" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar)), "l"(evict_first())
+      : "memory");
+}
+#endif
+
 // One lane: `bytes` from global `src` on their way into L2 (no barrier, no data: harmless even
 // where a kernel still running writes `src`, since L2 is where its writes land).
 __device__ __forceinline__ void prefetch_l2(const void* src, int bytes) {

@@ -198,10 +198,17 @@ __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, in
 template <bool WG>
 __device__ __forceinline__ void copy_block(void* dst, const void* src, int bytes, const CUtensorMap* wmap, int row,
                                            uint64_t* bar) {
+#ifdef OPFORGE_DECODE_L2_HINT
+  if constexpr (WG)
+    tensor_copy_2d_once(dst, wmap, 0, row, bar);
+  else
+    bulk_copy_once(dst, src, bytes, bar);
+#else
   if constexpr (WG)
     tensor_copy_2d(dst, wmap, 0, row, bar);
   else
     bulk_copy(dst, src, bytes, bar);
+#endif
 }
 
 // MT = bh / 16 consumer warps and a producer warp.
@@ -248,6 +255,9 @@ __global__ void __launch_bounds__(32 * (MT + 1))
         for (int k = 0; k < first; ++k) {
           bar_expect(full + k, expect);
           copy_block<WG>(ring + k * SLOT, block(k), BLOCK, &wmap, (hi - 1 - k) * 16 * MT, full + k);
+#ifdef OPFORGE_DECODE_PREFETCH  // a probe's build: blocks this far past each copy asked into L2
+          if (k + OPFORGE_DECODE_PREFETCH < steps) prefetch_l2(block(k + OPFORGE_DECODE_PREFETCH), BLOCK);
+#endif
         }
       // step k's column is lane k % 32's of chunk k / 32; the next chunk on its way
       auto col_rev = [&](int k) { return k < steps ? static_cast<int>(__ldg(a.cols + hi - 1 - k)) : 0; };
@@ -259,6 +269,9 @@ __global__ void __launch_bounds__(32 * (MT + 1))
           bar_wait(empty + slot, (round - 1) & 1);
           bar_expect(full + slot, expect);
           copy_block<WG>(ring + slot * SLOT, block(k), BLOCK, &wmap, (hi - 1 - k) * 16 * MT, full + slot);
+#ifdef OPFORGE_DECODE_PREFETCH
+          if (k + OPFORGE_DECODE_PREFETCH < steps) prefetch_l2(block(k + OPFORGE_DECODE_PREFETCH), BLOCK);
+#endif
         }
         if ((k & 31) == 0 && k > 0) {
           colv = colv_ahead;
