@@ -230,10 +230,10 @@ __device__ __forceinline__ void tensor_copy_2d(void* dst, const CUtensorMap* map
       : "memory");
 }
 
-// A probe's build (bench/cuda_probe/decode_cuda_stream.py) may copy the weight's blocks with an L2 evict-first
-// hint (-DOPFORGE_DECODE_L2_HINT): they are read once, where x's slices are read by every row that keeps their
-// column.
-#ifdef OPFORGE_DECODE_L2_HINT
+// The weight's blocks are copied with an L2 evict-first policy: each is read once, where x's slices are read by
+// every row that keeps their column, and the partial sums by their row's owner. Faster on 10 of issue 35's 12 rows
+// at T = 1 and 64, by up to 1.0 us a layer, and 0.2 us slower on one (H200; docs/benchmarks.md, issue 35,
+// twenty-sixth session; the probe, bench/cuda_probe/decode_cuda_stream.py, is at commit 546a3cb).
 __device__ __forceinline__ uint64_t evict_first() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
@@ -255,7 +255,6 @@ __device__ __forceinline__ void tensor_copy_2d_once(void* dst, const CUtensorMap
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar)), "l"(evict_first())
       : "memory");
 }
-#endif
 
 // One lane: `bytes` from global `src` on their way into L2 (no barrier, no data: harmless even
 // where a kernel still running writes `src`, since L2 is where its writes land).

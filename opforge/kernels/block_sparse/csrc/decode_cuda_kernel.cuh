@@ -194,21 +194,17 @@ __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, in
 }
 
 // A block into its slot: a plain bulk copy, or for wgmma (WG) through W's tensor map, which lays it out
-// in the 128-byte swizzle: W as (nnz * bh, bw), the block's rows from `row`.
+// in the 128-byte swizzle: W as (nnz * bh, bw), the block's rows from `row`. Both L2 evict-first. (Asking the
+// block 4 or 8 steps on into L2 with each copy, so that more of the share is on its way than the ring holds, was
+// up to 3.7 us a layer slower at d >= 0.25, and within 0.3 us at d = 0.1: docs/benchmarks.md, issue 35,
+// twenty-sixth session; bench/cuda_probe/decode_cuda_stream.py at commit 546a3cb builds both.)
 template <bool WG>
 __device__ __forceinline__ void copy_block(void* dst, const void* src, int bytes, const CUtensorMap* wmap, int row,
                                            uint64_t* bar) {
-#ifdef OPFORGE_DECODE_L2_HINT
   if constexpr (WG)
     tensor_copy_2d_once(dst, wmap, 0, row, bar);
   else
     bulk_copy_once(dst, src, bytes, bar);
-#else
-  if constexpr (WG)
-    tensor_copy_2d(dst, wmap, 0, row, bar);
-  else
-    bulk_copy(dst, src, bytes, bar);
-#endif
 }
 
 // MT = bh / 16 consumer warps and a producer warp.
@@ -255,9 +251,6 @@ __global__ void __launch_bounds__(32 * (MT + 1))
         for (int k = 0; k < first; ++k) {
           bar_expect(full + k, expect);
           copy_block<WG>(ring + k * SLOT, block(k), BLOCK, &wmap, (hi - 1 - k) * 16 * MT, full + k);
-#ifdef OPFORGE_DECODE_PREFETCH  // a probe's build: blocks this far past each copy asked into L2
-          if (k + OPFORGE_DECODE_PREFETCH < steps) prefetch_l2(block(k + OPFORGE_DECODE_PREFETCH), BLOCK);
-#endif
         }
       // step k's column is lane k % 32's of chunk k / 32; the next chunk on its way
       auto col_rev = [&](int k) { return k < steps ? static_cast<int>(__ldg(a.cols + hi - 1 - k)) : 0; };
@@ -269,9 +262,6 @@ __global__ void __launch_bounds__(32 * (MT + 1))
           bar_wait(empty + slot, (round - 1) & 1);
           bar_expect(full + slot, expect);
           copy_block<WG>(ring + slot * SLOT, block(k), BLOCK, &wmap, (hi - 1 - k) * 16 * MT, full + slot);
-#ifdef OPFORGE_DECODE_PREFETCH
-          if (k + OPFORGE_DECODE_PREFETCH < steps) prefetch_l2(block(k + OPFORGE_DECODE_PREFETCH), BLOCK);
-#endif
         }
         if ((k & 31) == 0 && k > 0) {
           colv = colv_ahead;
