@@ -218,10 +218,11 @@ def test_the_recipe_packs_the_parameters_as_the_kernel_declares_them(fresh, monk
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-def test_the_64_token_wgmma_tile_compiles_for_sm90a_without_serialized_wgmmas(tmp_path):
-    """The 64-token tile as the package builds it (its extension's nvcc flags, for sm_90a), here with no GPU:
+def test_the_wgmma_tiles_compile_for_sm90a_without_serialized_wgmmas(tmp_path):
+    """The wgmma tiles as the package builds them (its extension's nvcc flags, for sm_90a), here with no GPU:
     nvcc compiles the bf16 kernels, and ptxas must not serialize their wgmmas (C7518, what a wait under a
-    branch caused: docs/benchmarks.md, issue 35, twenty-fifth session)."""
+    branch caused: docs/benchmarks.md, issue 35, twenty-fifth session). Every tile is in: 8, 16, 32 and 64 tokens
+    (twenty-sixth session), and the weight's copies carry their L2 evict-first policy."""
     ext = cuda_decode.BlockSparseDecodeCuda
     csrc = os.path.join(ext.source_dir(), "csrc")
     done = subprocess.run(["nvcc", "-std=c++17", "-O3", *ext.cuda_cflags, "-gencode=arch=compute_90a,code=sm_90a",
@@ -234,7 +235,10 @@ def test_the_64_token_wgmma_tile_compiles_for_sm90a_without_serialized_wgmmas(tm
                            csrc, "-ptx", os.path.join(csrc, "decode_cuda_bf16.cu"), "-o", str(ptx)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    assert ptx.read_text().count("wgmma.mma_async") >= 8  # four k16 steps, two warpgroup shapes (64 and 128 rows)
+    text = ptx.read_text()
+    for n in (8, 16, 32, 64):  # each tile, for blocks of 64 and 128 rows, four k16 steps each
+        assert text.count(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16") >= 8, n
+    assert "createpolicy.fractional.L2::evict_first" in text and ".L2::cache_hint" in text
 
 
 def test_a_wgmma_tiles_recipe_reads_x_and_w_in_the_128_byte_swizzle(fresh, monkeypatch):
