@@ -16,23 +16,18 @@ slower in every row, ``docs/data/block_sparse_decode_cuda_prefetch_h100.json``.)
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from decode_floor import checked_timings, graph_us, head, issue_rows, keyed, probe_args, record, write_rows  # noqa: E402
+from decode_floor import checked_timings, config_grid, graph_us, head, issue_rows, keyed, probe_args, record, write_rows  # noqa: E402
 
 
 def main() -> None:
-    ap = probe_args(argparse.ArgumentParser())
-    ap.add_argument("--stages", default="2,3,4")
-    ap.add_argument("--ctas", default="1,2")
-    ap.add_argument("--overlap", default="0,1")
+    ap = probe_args(argparse.ArgumentParser(), tokens="1,16", stages="2,3,4", ctas="1,2", overlap="0,1")
     ap.add_argument("--json")
-    ap.set_defaults(tokens="1,16")
     args = ap.parse_args()
     from opforge.kernels.block_sparse import cuda_decode, triton_impl
     from opforge.kernels.block_sparse.buffers import split_counts
@@ -40,7 +35,7 @@ def main() -> None:
     dev, dt, n = torch.device("cuda"), torch.bfloat16, args.layers
     op = cuda_decode.ops().forward
     counts = split_counts(0, 1 << 16)
-    grid = list(itertools.product(*(list(map(int, getattr(args, a).split(","))) for a in ("stages", "ctas", "overlap"))))
+    grid = config_grid(args, "stages", "ctas", "overlap")
     route, names = triton_impl.DECODE_ROUTE, triton_impl.DECODE_ROUTE.names
 
     def run(m, x, cfg):

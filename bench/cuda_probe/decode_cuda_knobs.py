@@ -35,11 +35,9 @@ def main() -> None:
     from opforge.kernels.block_sparse import cuda_decode
     from opforge.kernels.block_sparse.buffers import split_counts
 
-    ap = floor.probe_args(argparse.ArgumentParser())
-    ap.add_argument("--pairs", default=",".join(f"{s}x{c}" for s, c in cuda_decode.PAIRS))
-    ap.add_argument("--wgmma", default="0,1")
+    ap = floor.probe_args(argparse.ArgumentParser(), tokens="1,8,16,32", wgmma="0,1",
+                          pairs=",".join(f"{s}x{c}" for s, c in cuda_decode.PAIRS))
     ap.add_argument("--json")
-    ap.set_defaults(tokens="1,8,16,32")
     args = ap.parse_args()
     dev, dt, n = torch.device("cuda"), torch.bfloat16, args.layers
     ops = cuda_decode.ops()

@@ -20,6 +20,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 
@@ -30,13 +31,22 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from block_sparse_decode import graph_us
 
 
-def probe_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The arguments the decode probes share: which rows of issue 35, how many rotated layers."""
+def probe_args(ap: argparse.ArgumentParser, tokens: str = "1,64", **lists: str) -> argparse.ArgumentParser:
+    """The arguments the decode probes share: which rows of issue 35 (``tokens``: the default token counts), how
+    many rotated layers; and a probe's own comma-separated lists, each ``--name`` with its default (``config_grid``
+    reads those of integers)."""
     ap.add_argument("--shapes", default="4096x14336,14336x4096")
-    ap.add_argument("--tokens", default="1,64")
+    ap.add_argument("--tokens", default=tokens)
     ap.add_argument("--densities", default="0.5,0.25,0.1")
     ap.add_argument("--layers", type=int, default=16)
+    for name, default in lists.items():
+        ap.add_argument(f"--{name}", default=default)
     return ap
+
+
+def config_grid(args, *names: str) -> list[tuple[int, ...]]:
+    """Every combination of the integer lists ``--name`` of ``names`` (``probe_args``), in their order."""
+    return list(itertools.product(*([int(v) for v in getattr(args, name).split(",")] for name in names)))
 
 
 def issue_rows(args, dev, dt, seed: int = 0):

@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from decode_floor import (  # noqa: E402
     checked_timings,
+    config_grid,
     head,
     issue_rows,
     keyed,
@@ -91,12 +92,9 @@ def check(op, counts) -> int:
 
 
 def main() -> None:
-    ap = probe_args(argparse.ArgumentParser())
-    ap.add_argument("--stages", default="4,5,6")
-    ap.add_argument("--ctas", default="1,2,3")
+    ap = probe_args(argparse.ArgumentParser(), tokens="64", stages="4,5,6", ctas="1,2,3")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--json")
-    ap.set_defaults(tokens="64")
     args = ap.parse_args()
     from opforge.kernels.block_sparse.buffers import split_counts
 
@@ -105,7 +103,7 @@ def main() -> None:
     counts = split_counts(0, 1 << 16)
     if args.check:
         print(f"check: {check(ops.forward, counts)} launches against fp64, all within 1e-2", flush=True)
-    grid = list(itertools.product(*(list(map(int, getattr(args, a).split(","))) for a in ("stages", "ctas"))))
+    grid = config_grid(args, "stages", "ctas")
 
     def run(m, x, cfg):
         idx = m.layout.indices(dev)
