@@ -99,7 +99,12 @@ __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, in
     const int kb = hi - 1 - k;
     const bool flush = kb == rs || k == steps - 1;  // walking backwards: the row's part in this share ends here
     bar_wait(full + slot, parity);
+#ifdef OPFORGE_DECODE_ABLATE_MATH
+    if constexpr (true) {
+    } else if constexpr (WG) {
+#else
     if constexpr (WG) {
+#endif
       // the warpgroup's 64 rows of the block against every token: four k16 steps of 32 bytes in the
       // swizzled rows. x's rows past T hold whatever the slot held: they reach only y's columns past
       // T, which nothing stores (store_strip) or adds to a stored column. The products are waited for
@@ -135,7 +140,11 @@ __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, in
     if (lane == 0) bar_arrive(empty + slot);
     if (flush) {
       const int unit = r * MT + m;
+#ifdef OPFORGE_DECODE_ABLATE_PARTIALS
+      if (true) {
+#else
       if (rs >= lo && re <= hi) {  // the whole row
+#endif
         store_strip<BF16, NT>(a, acc, r, m, g, t);
       } else if (re > hi) {  // the row goes on past this share: its last block is another CTA's
         put_partial<NT>(a, acc, c * MT + m, lane);
@@ -246,7 +255,11 @@ __global__ void __launch_bounds__(32 * (MT + 1))
       // they go first; then each slot's x once its column is in, and the later blocks as slots come
       // free.
       const int steps = hi - lo, first = min(stages, steps);
+#ifdef OPFORGE_DECODE_ABLATE_X
+      const int expect = BLOCK;
+#else
       const int expect = BLOCK + a.tokens * XROW;
+#endif
       if (lane == 0)
         for (int k = 0; k < first; ++k) {
           bar_expect(full + k, expect);
@@ -268,7 +281,11 @@ __global__ void __launch_bounds__(32 * (MT + 1))
           colv_ahead = col_rev(k + 32 + lane);
         }
         const int col = __shfl_sync(0xffffffffu, colv, k & 31);  // after lane 0's expect: the warp meets here
+#ifdef OPFORGE_DECODE_ABLATE_X
+        if (false) {
+#else
         if (lane == 0) {
+#endif
           if (!WG && a.tokens == 1)  // (wgmma's tiles read x's rows in the swizzle: through the map)
             bulk_copy(ring + slot * SLOT + BLOCK, x + static_cast<int64_t>(col) * (32 * KQ) * static_cast<int>(sizeof(T)),
                       XROW, full + slot);
