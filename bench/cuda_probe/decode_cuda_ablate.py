@@ -11,13 +11,18 @@ define its sources take (``csrc/decode_cuda_kernel.cuh``), and times each on iss
 * ``nox`` (``-DOPFORGE_DECODE_ABLATE_X``): no x slices copied into the slots;
 * ``stream``: all three: the ring's stream of the weight and the row bookkeeping.
 
+* ``base`` (with ``--base DIR``): the kernel of another commit, its sources as ``git archive COMMIT opforge/kernels
+  | tar -x -C DIR`` writes them, given a buffer of ``--base-fill`` (0: the arrival counts its op took before the
+  twenty-seventh session; -1: slots that signal themselves, as the package's).
+
 Each variant is the package's extension built apart (its own name), each (ring slots, CTAs an SM) timed, the best
-kept: 16 rotated layers, graph-replayed, GPU µs per layer. Only the package's own is checked against the layer.
+kept: 16 rotated layers, graph-replayed, GPU µs per layer. The package's and the base's are checked against the
+layer first.
 
 Usage::
 
     python bench/cuda_probe/decode_cuda_ablate.py [--shapes ...] [--tokens 1,16,64] [--densities ...]
-        [--variants package,nopart,nomath,nox,stream] [--json OUT]
+        [--variants package,nopart,nomath,nox,stream] [--base DIR --base-fill 0] [--json OUT]
 """
 
 from __future__ import annotations
@@ -37,15 +42,17 @@ VARIANTS = {"package": (), "nopart": ("-DOPFORGE_DECODE_ABLATE_PARTIALS",), "nom
             "stream": ("-DOPFORGE_DECODE_ABLATE_PARTIALS", "-DOPFORGE_DECODE_ABLATE_MATH", "-DOPFORGE_DECODE_ABLATE_X")}
 
 
-def variant_ops(name: str):
-    """The decode ops of ``name`` (``VARIANTS``): the package's own, or its sources built with those defines."""
+def variant_ops(name: str, base: str | None = None):
+    """The decode ops of ``name`` (``VARIANTS``): the package's own, its sources built with those defines, or
+    (``base``) another commit's sources under that directory."""
     from opforge.kernels.block_sparse import cuda_decode
     from opforge.kernels.block_sparse.extensions import BlockSparseDecodeCuda
 
-    if not VARIANTS[name]:
+    if name == "package":
         return cuda_decode.ops()
 
-    tag, defines = "block_sparse_decode_ablate_" + name, VARIANTS[name]
+    tag, defines = "block_sparse_decode_ablate_" + name, VARIANTS.get(name, ())
+    where = os.path.join(os.path.abspath(base), "opforge", "kernels", "block_sparse") if name == "base" else None
 
     class Ablated(BlockSparseDecodeCuda):
         name = tag
@@ -53,29 +60,32 @@ def variant_ops(name: str):
 
         @classmethod
         def source_dir(cls) -> str:
-            return BlockSparseDecodeCuda.source_dir()
+            return where or BlockSparseDecodeCuda.source_dir()
 
     return Ablated().load().ops
 
 
 def main() -> None:
     from opforge.kernels.block_sparse import cuda_decode
-    from opforge.kernels.block_sparse.buffers import split_counts
+    from opforge.kernels.block_sparse.buffers import split_slots
 
     ap = floor.probe_args(argparse.ArgumentParser(), tokens="1,16,64", variants=",".join(VARIANTS))
+    ap.add_argument("--base", help="another commit's opforge/kernels, extracted under this directory")
+    ap.add_argument("--base-fill", type=int, default=0)
     ap.add_argument("--json")
     args = ap.parse_args()
     dev, dt, n = torch.device("cuda"), torch.bfloat16, args.layers
-    names = args.variants.split(",")
-    ops = {name: variant_ops(name) for name in names}
-    counts = split_counts(0, 1 << 16)
-    own = torch.zeros(1 << 16, dtype=torch.int32, device=dev)  # the ablated variants' counts: nopart leaves them
+    names = args.variants.split(",") + (["base"] if args.base else [])
+    ops = {name: variant_ops(name, args.base) for name in names}
+    slots = split_slots(0, 1 << 22)  # the partial sums' slots, empty between launches
+    base = torch.full((1 << 22,), args.base_fill, dtype=torch.int32, device=dev)  # the base's own
+    checked = ("package", "base")
 
     def run(m, x, cfg):
         idx = m.layout.indices(dev)
         y = torch.empty(x.shape[0], m.out_features, device=dev, dtype=x.dtype)
         name, stages, ctas = cfg
-        ops[name].forward(x, m.weight_blocks, m.bias, y, idx.cols, idx.row_ptr, counts if name == "package" else own, 0,
+        ops[name].forward(x, m.weight_blocks, m.bias, y, idx.cols, idx.row_ptr, base if name == "base" else slots, 0,
                           stages, ctas, 1)
         return y
 
@@ -89,9 +99,9 @@ def main() -> None:
         with torch.no_grad():
             offered = [(name, s, c) for name in names for s, c in cuda_decode.PAIRS
                        if ops[name].grid(x, 64, 64, s, c) > 0]
-            timings = floor.checked_timings([c for c in offered if c[0] == "package"], run, mods, x, ref, dev, n)
+            timings = floor.checked_timings([c for c in offered if c[0] in checked], run, mods, x, ref, dev, n)
             for cfg in offered:
-                if cfg[0] != "package":
+                if cfg[0] not in checked:
                     timings[cfg] = graph_us(lambda: [run(m, x, cfg) for m in mods], dev, n)  # noqa: B023
         best = {name: min((c for c in timings if c[0] == name), key=timings.get) for name in names}
         line = " | ".join(f"{name} {timings[c]:.1f} {c[1:]}" for name, c in best.items())
