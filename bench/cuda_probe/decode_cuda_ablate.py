@@ -12,8 +12,8 @@ define its sources take (``csrc/decode_cuda_kernel.cuh``), and times each on iss
 * ``stream``: all three: the ring's stream of the weight and the row bookkeeping.
 
 * ``base`` (with ``--base DIR``): the kernel of another commit, its sources as ``git archive COMMIT opforge/kernels
-  | tar -x -C DIR`` writes them, given a buffer of ``--base-fill`` (0: the arrival counts its op took before the
-  twenty-seventh session; -1: slots that signal themselves, as the package's).
+  | tar -x -C DIR`` writes them, given a buffer of ``--base-fill`` (0: arrival counts, as the package's op takes;
+  -1: the slots that signal themselves of commit 64040c3, measured and refused in the twenty-seventh session).
 
 Each variant is the package's extension built apart (its own name), each (ring slots, CTAs an SM) timed, the best
 kept: 16 rotated layers, graph-replayed, GPU µs per layer. The package's and the base's are checked against the
@@ -67,7 +67,7 @@ def variant_ops(name: str, base: str | None = None):
 
 def main() -> None:
     from opforge.kernels.block_sparse import cuda_decode
-    from opforge.kernels.block_sparse.buffers import split_slots
+    from opforge.kernels.block_sparse.buffers import split_counts
 
     ap = floor.probe_args(argparse.ArgumentParser(), tokens="1,16,64", variants=",".join(VARIANTS))
     ap.add_argument("--base", help="another commit's opforge/kernels, extracted under this directory")
@@ -77,7 +77,8 @@ def main() -> None:
     dev, dt, n = torch.device("cuda"), torch.bfloat16, args.layers
     names = args.variants.split(",") + (["base"] if args.base else [])
     ops = {name: variant_ops(name, args.base) for name in names}
-    slots = split_slots(0, 1 << 22)  # the partial sums' slots, empty between launches
+    counts = split_counts(0, 1 << 16)
+    own = torch.zeros(1 << 16, dtype=torch.int32, device=dev)  # the ablated variants' counts: nopart leaves them
     base = torch.full((1 << 22,), args.base_fill, dtype=torch.int32, device=dev)  # the base's own
     checked = ("package", "base")
 
@@ -85,7 +86,7 @@ def main() -> None:
         idx = m.layout.indices(dev)
         y = torch.empty(x.shape[0], m.out_features, device=dev, dtype=x.dtype)
         name, stages, ctas = cfg
-        ops[name].forward(x, m.weight_blocks, m.bias, y, idx.cols, idx.row_ptr, base if name == "base" else slots, 0,
+        ops[name].forward(x, m.weight_blocks, m.bias, y, idx.cols, idx.row_ptr, {"base": base, "package": counts}.get(name, own), 0,
                           stages, ctas, 1)
         return y
 

@@ -30,18 +30,18 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     from opforge.kernels.block_sparse import cuda_decode, triton_impl
-    from opforge.kernels.block_sparse.buffers import split_slots
+    from opforge.kernels.block_sparse.buffers import split_counts
 
     dev, dt, n = torch.device("cuda"), torch.bfloat16, args.layers
     op = cuda_decode.ops().forward
-    slots = split_slots(0, 1 << 22)  # the partial sums' slots, empty between launches
+    counts = split_counts(0, 1 << 16)
     grid = config_grid(args, "stages", "ctas", "overlap")
     route, names = triton_impl.DECODE_ROUTE, triton_impl.DECODE_ROUTE.names
 
     def run(m, x, cfg):
         idx = m.layout.indices(dev)
         y = torch.empty(x.shape[0], m.out_features, device=dev, dtype=x.dtype)
-        op(x, m.weight_blocks, m.bias, y, idx.cols, idx.row_ptr, slots, 0, *cfg)
+        op(x, m.weight_blocks, m.bias, y, idx.cols, idx.row_ptr, counts, 0, *cfg)
         return y
 
     out = []

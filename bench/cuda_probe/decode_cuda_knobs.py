@@ -33,7 +33,7 @@ def knob(text: str) -> list[int]:
 
 def main() -> None:
     from opforge.kernels.block_sparse import cuda_decode
-    from opforge.kernels.block_sparse.buffers import split_slots
+    from opforge.kernels.block_sparse.buffers import split_counts
 
     ap = floor.probe_args(argparse.ArgumentParser(), tokens="1,8,16,32", wgmma="0,1",
                           pairs=",".join(f"{s}x{c}" for s, c in cuda_decode.PAIRS))
@@ -41,14 +41,14 @@ def main() -> None:
     args = ap.parse_args()
     dev, dt, n = torch.device("cuda"), torch.bfloat16, args.layers
     ops = cuda_decode.ops()
-    slots = split_slots(0, 1 << 22)  # the partial sums' slots, empty between launches
+    counts = split_counts(0, 1 << 16)
     pairs = [tuple(map(int, p.split("x"))) for p in args.pairs.split(",")]
 
     def run(m, x, cfg):
         idx = m.layout.indices(dev)
         y = torch.empty(x.shape[0], m.out_features, device=dev, dtype=x.dtype)
         stages, ctas, wg = cfg
-        ops.forward(x, m.weight_blocks, m.bias, y, idx.cols, idx.row_ptr, slots, 0, stages, ctas, 1, wg)
+        ops.forward(x, m.weight_blocks, m.bias, y, idx.cols, idx.row_ptr, counts, 0, stages, ctas, 1, wg)
         return y
 
     print(f"{torch.cuda.get_device_name()}, bf16, 64-blocks, {n} layers rotated, graph-replayed, µs per layer",

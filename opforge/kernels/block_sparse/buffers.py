@@ -1,7 +1,7 @@
 """The block-sparse kernels' buffers that outlive a call: one a (device, stream), kept and shared by every
 launch on that stream, since launches on one stream run in order and each leaves its buffer as it found
-it. The arrival counts of the kernels that add partial sums, and the decode kernels' partial slots
-(the Triton decode kernel's and the CUDA decode kernel's: empty between launches).
+it. The arrival counts of the kernels that add partial sums, the Triton decode kernel's partial slots,
+and the CUDA decode kernel's partial sums when its launch is replayed from C++ (``cuda_decode.recipe``).
 Made outside torch.compile's CUDA graph pools (``outside_pools``).
 
 Without triton installed this module still imports (``triton_compat.py``).
@@ -18,12 +18,13 @@ from .triton_sizing import SLOT_EMPTY
 
 _COUNTS: dict = {}
 _SLOTS: dict = {}
+_PARTIALS: dict = {}
 _OLD_BUFFERS: list = []
 
 
 def split_counts(device: int, needed: int) -> torch.Tensor:
     """The arrival counts of the kernels that add partial sums (the split ``_fwd_kernel``,
-    ``_dw_kernel``): int32 zeros, one buffer per (device, stream), since
+    ``_dw_kernel``, the CUDA decode kernel): int32 zeros, one buffer per (device, stream), since
     launches on one stream run in order and each leaves its counts at zero. A buffer outgrown is
     kept, not freed: a captured CUDA graph may still use it.
 
@@ -35,11 +36,19 @@ def split_counts(device: int, needed: int) -> torch.Tensor:
 
 
 def split_slots(device: int, needed: int) -> torch.Tensor:
-    """The decode kernels' partial slots (``_decode_kernel``'s and the CUDA decode kernel's,
-    ``csrc/decode_cuda_device.cuh``): int32 (fp32 bits) filled with ``SLOT_EMPTY``, kept and shared as
-    ``split_counts``'s counts are, since each launch leaves every slot it filled empty again (the program or
-    CTA that reads a slot empties it)."""
+    """``_decode_kernel``'s partial slots: int32 (fp32 bits) filled with ``SLOT_EMPTY``, kept and
+    shared as ``split_counts``'s counts are, since each launch leaves every slot it filled empty again
+    (the program that reads a slot empties it)."""
     return _stream_buffer(_SLOTS, device, needed, SLOT_EMPTY)
+
+
+def split_partials(device: int, needed: int) -> torch.Tensor:
+    """The CUDA decode kernel's partial sums, when its launch is replayed from C++ (``cuda_decode.recipe``):
+    a slot a (CTA, strip), written and read within one launch (the counts say when a slot is full), so
+    kept and shared as ``split_counts``'s counts are, not allocated each call. int32 elements (fp32 bits
+    to the kernel). A launch as a programmatic dependent touches no slot before the launch before it
+    on the stream is done (``griddepcontrol.wait``)."""
+    return _stream_buffer(_PARTIALS, device, needed, 0)
 
 
 def _stream_buffer(store: dict, device: int, needed: int, fill: int) -> torch.Tensor:
@@ -90,4 +99,4 @@ def outside_pools(make, device: torch.device):
     return made[0]
 
 
-__all__ = ["outside_pools", "split_counts", "split_slots"]
+__all__ = ["outside_pools", "split_counts", "split_partials", "split_slots"]

@@ -41,7 +41,7 @@ from ...notices import warn_once
 from ...process import forgets
 from ..native_launch.recipe import Int, Map, Recipe, Struct, recipe_of_function
 from ..tuned_op import OpPlan, TunedOp
-from .buffers import split_slots
+from .buffers import split_counts, split_partials
 from .extensions import BlockSparseDecodeCuda
 from .triton_sizing import bucket, depth
 
@@ -111,21 +111,20 @@ def _sources() -> list[str]:
 
 def recipe(choice, prefix: tuple, inputs: tuple, outputs: list) -> Recipe | str:
     """The native_launch recipe of the op's launch with ``prefix`` (``_fwd_prefix``'s: x, w, b or None,
-    y, cols, row_ptr, slots, chunk) and ``choice``: the kernel's parameters are ``Args``'s fields (the
-    partial-sum slots held: the prefix's ``buffers.split_slots``, every element empty between launches),
-    the ring's slots, x's tensor map and W's (``csrc/decode_cuda.h``): for a tile through wgmma (as
+    y, cols, row_ptr, counts, chunk) and ``choice``: the kernel's parameters are ``Args``'s fields (the
+    partial-sum slots and the counts held: ``buffers.split_partials``, where the op allocates its slots each
+    call), the ring's slots, x's tensor map and W's (``csrc/decode_cuda.h``): for a tile through wgmma (as
     ``describe`` says) both in the 128-byte swizzle, W read as ``(nnz * bh, bw)``; for mma.sync's x's plain (none
     at one token) and W's 128 zero bytes (unread)."""
-    x, w, b, y, cols, row_ptr, part, chunk = prefix
+    x, w, b, y, cols, row_ptr, counts, chunk = prefix
     stages, ctas, overlap = choice.values
     function, grid, threads, shared, share, slots, wide = ops().describe.default(x, w, chunk, stages, ctas)
-    if part.numel() < slots:  # not reached: the op's launch with this prefix checked it
-        return f"its {slots} partial-sum slot elements are more than the {part.numel()} held"
     blocks = wide and w.shape[0] > 0  # W's map (none for a layout of no blocks, which copies none)
+    part = split_partials(x.device.index, slots)
     tokens, k_in = x.shape
     nnz, bh, bw = w.shape
     n_out = y.shape[1]
-    args = Struct((x, w, b, y, cols, row_ptr, part, Int(tokens), Int(k_in), Int(n_out), Int(bh), Int(n_out // bh),
+    args = Struct((x, w, b, y, cols, row_ptr, part, counts, Int(tokens), Int(k_in), Int(n_out), Int(bh), Int(n_out // bh),
                    Int(nnz), Int(share)))
     return recipe_of_function(function, (grid,), threads, shared, overlap,
                               (args, Int(stages), Map(x if tokens > 1 or wide else None, (tokens, bw), swizzle=SWIZZLE_128B * wide),
@@ -164,33 +163,22 @@ def offered(x: torch.Tensor, w: torch.Tensor, bias) -> bool:
 def plan(x, w, bias, y, cols, row_ptr, out_features: int, kind: str, stand_ins=None) -> OpPlan:
     """The kernel's plan for this call shape, its config chosen per size class (``KERNEL``; the
     Triton decode kernels' classes: tokens, block shape, nnz, blocks a row, bias). ``facts`` =
-    (``kind``, has a bias, the partial-sum slot elements any call of the class needs: ``slot_elements``), for
-    ``triton_plans._fwd_prefix``. ``stand_ins``
+    (``kind``, has a bias, the arrival counts it needs), for ``triton_plans._fwd_prefix``. ``stand_ins``
     (``graph_timing``) for ``w``: the configs timed under graph replay."""
     nnz, bh, bw = w.shape
+    units = out_features // bh * (bh // 16)
     overlap = settings.current().block_sparse_overlap  # off: the configs launched as plain kernels only
     key = ("decode_cuda", x.dtype, bucket(x.shape[0]), bh, bw, bucket(nnz), depth(nnz, out_features // bh),
            bias is not None, overlap)
     grid = ops().grid.default
 
     def trial(choice):  # the op's leading arguments, as _fwd_prefix makes them: chunk 0 (an equal share)
-        slots = slot_elements(x, bh, bw, choice.kwargs["stages"], choice.kwargs["ctas"])
-        return None, (x, w, bias, y, cols, row_ptr, split_slots(x.device.index, slots), 0)
+        return None, (x, w, bias, y, cols, row_ptr, split_counts(x.device.index, units), 0)
 
     choice = KERNEL.choose(key, x.device.index, trial, lambda c: grid(x, bh, bw, c.kwargs["stages"], c.kwargs["ctas"]) > 0
                            and (overlap or not c.kwargs["overlap"]), stand_ins=stand_ins)
-    return OpPlan(KERNEL, choice, (kind, bias is not None, slot_elements(x, bh, bw, choice.kwargs["stages"],
-                                                                         choice.kwargs["ctas"])))
-
-
-def slot_elements(x, bh: int, bw: int, stages: int, ctas: int) -> int:
-    """The partial-sum slot elements a launch of this config takes at most, whatever its layout's block count: a
-    slot a (CTA, 16-row strip) of the whole grid (``grid``: a share of fewer blocks launches fewer CTAs), of
-    tiles of 8 tokens as the op picks them (1, 2, 4 or 8: T rounded up to a power of two times 8), 128 fp32
-    elements a tile (``csrc/decode_cuda_kernel.cuh``; the op's own check, and ``describe``, give the exact count)."""
-    tiles = 1 << max(0, (x.shape[0] + 7) // 8 - 1).bit_length()
-    return ops().grid.default(x, bh, bw, stages, ctas) * (bh // 16) * tiles * 128
+    return OpPlan(KERNEL, choice, (kind, bias is not None, units))
 
 
 __all__ = ["CONFIGS", "KERNEL", "MAX_TOKENS", "SIDES", "BlockSparseDecodeCuda", "capable", "offered", "ops", "plan",
-           "recipe", "slot_elements"]
+           "recipe"]

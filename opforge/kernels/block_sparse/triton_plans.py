@@ -128,8 +128,8 @@ def _fwd_prefix(facts, x, w, b, y, cols, row_ptr, rows=None) -> tuple:
         return x, w, b, y, part, split_counts(x.device.index, facts[2]), cols, row_ptr, rows
     if kind is _UNCUT:
         return x, w, b, y, cols, row_ptr
-    if kind is _CUDA:  # (_CUDA, has a bias, slot elements): the op's leading arguments, chunk 0 (an equal share)
-        return x, w, b if facts[1] else None, y, cols, row_ptr, split_slots(x.device.index, facts[2]), 0
+    if kind is _CUDA:  # (_CUDA, has a bias, counts): the op's leading arguments, chunk 0 (an equal share)
+        return x, w, b if facts[1] else None, y, cols, row_ptr, split_counts(x.device.index, facts[2]), 0
     if kind is _SPLIT:
         part = torch.empty(facts[1], x.shape[0], y.shape[1], dtype=torch.float32, device=x.device)
         return x, w, b, y, part, split_counts(x.device.index, facts[2]), cols, row_ptr

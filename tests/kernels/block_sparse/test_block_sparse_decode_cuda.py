@@ -243,15 +243,10 @@ def run_cuda(lay, w, x, b, chunk: int, stages: int = 3, ctas: int = 2, overlap: 
     idx = lay.indices("cuda")
     nnz, bh, bw = w.shape
     y = torch.full((x.shape[0], lay.shape[0]), float("nan"), device="cuda", dtype=x.dtype)
-    slots = empty_slots(cuda_decode.ops().describe(x, w, chunk, stages, ctas, wgmma)[5])
-    cuda_decode.ops().forward(x, w, b, y, idx.cols, idx.row_ptr, slots, chunk, stages, ctas, overlap, wgmma)
-    assert slots.eq(triton_sizing.SLOT_EMPTY).all()  # every slot a CTA filled, its row's owner emptied
+    counts = torch.zeros(lay.shape[0] // bh * (bh // 16), dtype=torch.int32, device="cuda")
+    cuda_decode.ops().forward(x, w, b, y, idx.cols, idx.row_ptr, counts, chunk, stages, ctas, overlap, wgmma)
+    assert counts.eq(0).all()  # left at zero for the next launch
     return y
-
-
-def empty_slots(n: int) -> torch.Tensor:
-    """Partial-sum slots as the CUDA kernel takes them (``buffers.split_slots``): every element empty."""
-    return torch.full((n,), triton_sizing.SLOT_EMPTY, dtype=torch.int32, device="cuda")
 
 
 @needs_hopper
@@ -326,7 +321,7 @@ def test_the_route_runs_the_cuda_kernel_when_it_comes_first(monkeypatch):
 @pytest.mark.parametrize("tokens", [1, 2, 17, 32, 33, 64])
 def test_the_cuda_kernel_replays_from_cpp_bit_for_bit(tokens, block, dtype, monkeypatch):
     """After a call shape's first launch through the op, its recipe is defined (``cuda_decode.recipe``:
-    Args as a struct, x's tensor map, W's past 32 tokens, the partial slots held), and later
+    Args as a struct, x's tensor map, W's past 32 tokens, the partial slots and the counts held), and later
     calls launch from C++ (a native hit each) with the op's results bit for bit, on this call's
     tensors: another x (a new tensor map), a bias or none, empty rows and a full one."""
     if not compiled(tokens, block):
@@ -411,11 +406,11 @@ def test_an_overlapped_launch_reads_what_the_kernels_before_it_wrote():
         wb, xb, cols = w.clone(), x.clone(), idx.cols.clone()
         close(run_cuda(lay, wb, xb, None, 0, 3, 2, 1), ref, torch.bfloat16)
         y = torch.full((17, lay.shape[0]), float("nan"), device="cuda", dtype=x.dtype)
-        slots = empty_slots(cuda_decode.ops().describe(xb, wb, 0, 3, 2)[5])
+        counts = torch.zeros(lay.shape[0] // 16, dtype=torch.int32, device="cuda")
         wb.copy_(w2)  # the kernels right before the overlapped launch write all its inputs
         xb.copy_(x2)
         cols.copy_(new.cols)
-        cuda_decode.ops().forward(xb, wb, None, y, cols, idx.row_ptr, slots, 0, 3, 2, 1)
+        cuda_decode.ops().forward(xb, wb, None, y, cols, idx.row_ptr, counts, 0, 3, 2, 1)
         close(y, ref2, torch.bfloat16)
 
 
@@ -454,7 +449,7 @@ def test_an_overlapped_triton_launch_reads_what_the_kernels_before_it_wrote(kern
 @needs_hopper
 def test_many_small_layouts_every_share_twice_and_bitwise_repeatable():
     """The fuzz's tiny grids with every share, each launch made twice: the cut rows are summed in CTA
-    order, so two launches agree bit for bit; the slots are empty again in between."""
+    order, so two launches agree bit for bit; the counts are back at zero in between."""
     g = torch.Generator().manual_seed(7)
     for trial in range(40):
         grid = (int(torch.randint(1, 5, (1,), generator=g)), int(torch.randint(1, 5, (1,), generator=g)))
@@ -489,7 +484,7 @@ def test_bad_input_to_the_cuda_kernel_is_a_clear_error():
     lay, w, x, b, _ = case(ragged(6), (64, 64), 4, torch.bfloat16)
     idx = lay.indices("cuda")
     y = torch.empty(4, lay.shape[0], device="cuda", dtype=x.dtype)
-    slots = empty_slots(1 << 16)  # enough for every call below
+    counts = torch.zeros(lay.shape[0] // 4, dtype=torch.int32, device="cuda")
     fwd = cuda_decode.ops().forward
 
     def refused(match, *args):
@@ -497,19 +492,18 @@ def test_bad_input_to_the_cuda_kernel_is_a_clear_error():
             fwd(*args)
     big = torch.zeros(65, x.shape[1], device="cuda", dtype=x.dtype)
     refused("1 to 64 tokens", big, w, b, torch.empty(65, lay.shape[0], device="cuda", dtype=x.dtype), idx.cols,
-            idx.row_ptr, slots, 0, 3, 2, 0)
-    refused("bfloat16 or float16", x.float(), w.float(), None, y.float(), idx.cols, idx.row_ptr, slots, 0, 3, 2, 0)
-    refused("contiguous", x, w.transpose(1, 2), b, y, idx.cols, idx.row_ptr, slots, 0, 3, 2, 0)
-    refused("slots must be int32 of at least .* each -1", x, w, b, y, idx.cols, idx.row_ptr, slots[:3], 0, 3, 2, 0)
-    refused("slots must be int32", x, w, b, y, idx.cols, idx.row_ptr, slots.float(), 0, 3, 2, 0)
-    refused("int64", x, w, b, y, idx.cols.int(), idx.row_ptr, slots, 0, 3, 2, 0)
-    refused("CUDA tensor", x.cpu(), w, b, y, idx.cols, idx.row_ptr, slots, 0, 3, 2, 0)
-    refused("overlap must be 0 or 1", x, w, b, y, idx.cols, idx.row_ptr, slots, 0, 3, 2, 2)
-    refused("wgmma must be -1, 0 or 1", x, w, b, y, idx.cols, idx.row_ptr, slots, 0, 3, 2, 0, 2)
+            idx.row_ptr, counts, 0, 3, 2, 0)
+    refused("bfloat16 or float16", x.float(), w.float(), None, y.float(), idx.cols, idx.row_ptr, counts, 0, 3, 2, 0)
+    refused("contiguous", x, w.transpose(1, 2), b, y, idx.cols, idx.row_ptr, counts, 0, 3, 2, 0)
+    refused("int32 zeros of at least", x, w, b, y, idx.cols, idx.row_ptr, counts[:3], 0, 3, 2, 0)
+    refused("int64", x, w, b, y, idx.cols.int(), idx.row_ptr, counts, 0, 3, 2, 0)
+    refused("CUDA tensor", x.cpu(), w, b, y, idx.cols, idx.row_ptr, counts, 0, 3, 2, 0)
+    refused("overlap must be 0 or 1", x, w, b, y, idx.cols, idx.row_ptr, counts, 0, 3, 2, 2)
+    refused("wgmma must be -1, 0 or 1", x, w, b, y, idx.cols, idx.row_ptr, counts, 0, 3, 2, 0, 2)
     lay32, w32, x32, _, _ = case(ragged(6), (32, 32), 4, torch.bfloat16)
     idx32 = lay32.indices("cuda")
     refused("no variant .* through wgmma", x32, w32, None, torch.empty(4, lay32.shape[0], device="cuda", dtype=x.dtype),
-            idx32.cols, idx32.row_ptr, slots, 0, 3, 2, 0, 1)  # 32-wide blocks: no wgmma tile
-    refused("chunk must be", x, w, b, y, idx.cols, idx.row_ptr, slots, -1, 3, 2, 0)
-    refused("no variant", x, w, b, y, idx.cols, idx.row_ptr, slots, 0, 60, 2, 0)  # the ring can't fit
+            idx32.cols, idx32.row_ptr, counts, 0, 3, 2, 0, 1)  # 32-wide blocks: no wgmma tile
+    refused("chunk must be", x, w, b, y, idx.cols, idx.row_ptr, counts, -1, 3, 2, 0)
+    refused("no variant", x, w, b, y, idx.cols, idx.row_ptr, counts, 0, 60, 2, 0)  # the ring can't fit
     assert cuda_decode.ops().grid(big, 64, 64, 3, 2) == 0 and cuda_decode.ops().grid(x, 64, 64, 3, 2) > 0

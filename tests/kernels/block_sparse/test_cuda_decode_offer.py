@@ -111,23 +111,21 @@ def test_the_plan_calls_the_op_as_the_cpp_side_registers_it(fresh, monkeypatch):
     monkeypatch.setattr(cuda_decode, "_OPS", [fake])
     monkeypatch.setattr(cuda_decode.KERNEL, "_resolved", None)
     monkeypatch.setenv("OPFORGE_TRITON_TUNING", "off")  # the first config, untimed
-    slots, sized = torch.full((1 << 18,), -1, dtype=torch.int32), []
-    monkeypatch.setattr(cuda_decode, "split_slots", lambda device, n: sized.append(n) or slots)
-    monkeypatch.setattr(triton_plans, "split_slots", lambda device, n: sized.append(n) or slots)
+    counts = torch.zeros(4096, dtype=torch.int32)
+    monkeypatch.setattr(cuda_decode, "split_counts", lambda device, n: counts)
+    monkeypatch.setattr(triton_plans, "split_counts", lambda device, n: counts)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)  # CPU tensors: device index None
     x, w = torch.randn(3, 256, dtype=torch.bfloat16), torch.randn(5, 64, 64, dtype=torch.bfloat16)
     y, cols, row_ptr = torch.empty(3, 384, dtype=torch.bfloat16), torch.zeros(5, dtype=torch.long), torch.zeros(7, dtype=torch.long)
     try:
         plan = cuda_decode.plan(x, w, None, y, cols, row_ptr, 384, triton_plans._CUDA)
-        # its launch has a recipe; its slots: a (CTA, 16-row strip) of the whole grid, one 8-token tile of 128 each
-        assert plan.facts == (triton_plans._CUDA, False, 264 * 4 * 128) and not plan.native
+        assert plan.facts == (triton_plans._CUDA, False, 6 * 4) and not plan.native  # its launch has a recipe
         plan(triton_plans._fwd_prefix(plan.facts, x, w, w, y, cols, row_ptr), None)  # w stands in for no bias
     finally:
         cuda_decode.KERNEL.forget()
     got = dict(zip(names, calls[-1], strict=True))
     assert got["x"] is x and got["w"] is w and got["b"] is None and got["y"] is y
-    assert got["cols"] is cols and got["row_ptr"] is row_ptr and got["slots"] is slots and got["chunk"] == 0
-    assert sized == [264 * 4 * 128]  # the prefix's slots: the plan's count
+    assert got["cols"] is cols and got["row_ptr"] is row_ptr and got["counts"] is counts and got["chunk"] == 0
     assert {k: got[k] for k in cuda_decode.CONFIGS[0]} == cuda_decode.CONFIGS[0]
 
 
@@ -172,20 +170,22 @@ def args_fields() -> list[str]:
 
 def test_the_recipe_packs_the_parameters_as_the_kernel_declares_them(fresh, monkeypatch):
     """Without a GPU: ``cuda_decode.recipe`` (the launch replayed from C++) gives the kernel ``Args``'s
-    fields in the header's order (a struct by value: 7 pointers and 7 ints, 88 bytes), then the ring's
+    fields in the header's order (a struct by value: 8 pointers and 7 ints, 96 bytes), then the ring's
     slots, x's tensor map and W's (128 zero bytes: read by the 64-token tile only), packed (the Python
-    contract of native_launch) at the offsets the kernel reads them from; the prefix's partial slots (a kept
-    buffer, empty between launches) held, and a recipe refused when they are fewer than describe's."""
+    contract of native_launch) at the offsets the kernel reads them from; the partial slots (a kept buffer
+    of describe's size) and the counts held."""
     from opforge.kernels.native_launch import reference
     from opforge.kernels.native_launch.recipe import MAP_TYPES
 
-    assert args_fields() == ["x", "w", "b", "y", "cols", "row_ptr", "part", "tokens", "k_in", "n_out", "bh", "rows",
-                             "nnz", "chunk"]
+    assert args_fields() == ["x", "w", "b", "y", "cols", "row_ptr", "part", "counts", "tokens", "k_in", "n_out", "bh",
+                             "rows", "nnz", "chunk"]
     described = []
     fake = types.SimpleNamespace(describe=types.SimpleNamespace(
         default=lambda *a: described.append(a) or [0xF00, 264, 160, 50000, 2, 264 * 4 * 1 * 128, 0]))
     monkeypatch.setattr(cuda_decode, "_OPS", [fake])
-    part = torch.full((264 * 4 * 128,), -1, dtype=torch.int32)
+    counts, part = torch.zeros(4096, dtype=torch.int32), torch.zeros(264 * 4 * 128, dtype=torch.int32)
+    sized = []
+    monkeypatch.setattr(cuda_decode, "split_partials", lambda device, n: sized.append(n) or part)
     x, w = torch.randn(3, 256, dtype=torch.bfloat16), torch.randn(5, 64, 64, dtype=torch.bfloat16)
     y, cols, row_ptr = torch.empty(3, 384, dtype=torch.bfloat16), torch.zeros(5, dtype=torch.long), torch.zeros(7, dtype=torch.long)
     b = torch.randn(384, dtype=torch.bfloat16)
@@ -194,19 +194,20 @@ def test_the_recipe_packs_the_parameters_as_the_kernel_declares_them(fresh, monk
     for tokens, bias in ((3, b), (1, None)):
         xt, yt = x[:tokens], y[:tokens]
         ins = (xt, *inputs[1:])
-        r = cuda_decode.recipe(choice, (xt, w, bias, yt, cols, row_ptr, part, 0), ins, [(yt, True)])
+        r = cuda_decode.recipe(choice, (xt, w, bias, yt, cols, row_ptr, counts, 0), ins, [(yt, True)])
         assert described[-1] == (xt, w, 0, 4, 3)
         assert r.launch == [0xF00, 264, 1, 1, 5, 50000, 1]
-        assert r.outputs == [15, 1, 2, tokens, 384] and r.held == [part]  # y; the slots held
+        assert r.outputs == [15, 1, 2, tokens, 384] and sized[-1] == 264 * 4 * 128  # y, then held slots of that size
+        assert r.held == [part, counts]
         reference.define(31, *ins, 384, 0, r.launch, r.outputs, r.program, r.held)
         params, _, y_out = reference.pack(31, *ins, 384, 0)
         raw = bytes(params.tolist())
         assert len(raw) == 384
-        ptrs = struct.unpack_from("<7Q", raw, 0)
+        ptrs = struct.unpack_from("<8Q", raw, 0)
         assert ptrs == (xt.data_ptr(), w.data_ptr(), 0 if bias is None else b.data_ptr(), y_out.data_ptr(),
-                        cols.data_ptr(), row_ptr.data_ptr(), part.data_ptr())
-        assert struct.unpack_from("<7i4x", raw, 56) == (tokens, 256, 384, 64, 6, 5, 2)  # chunk: describe's share
-        assert struct.unpack_from("<i", raw, 88) == (4,)  # stages
+                        cols.data_ptr(), row_ptr.data_ptr(), part.data_ptr(), counts.data_ptr())
+        assert struct.unpack_from("<7i4x", raw, 64) == (tokens, 256, 384, 64, 6, 5, 2)  # chunk: describe's share
+        assert struct.unpack_from("<i", raw, 96) == (4,)  # stages
         tmap = struct.unpack_from("<10Q", raw, 128)
         if tokens == 1:
             assert tmap == (0,) * 10  # unread at one token
@@ -214,8 +215,6 @@ def test_the_recipe_packs_the_parameters_as_the_kernel_declares_them(fresh, monk
             assert tmap == (xt.data_ptr(), 0, 2, MAP_TYPES[torch.bfloat16], 256, 3, 512, 1536, 64, 3)
         assert struct.unpack_from("<16Q", raw, 256) == (0,) * 16  # W's map: unread by these variants
         reference.forget()
-    few = cuda_decode.recipe(choice, (x, w, b, y, cols, row_ptr, part[:100], 0), (x, *inputs[1:]), [(y, True)])
-    assert isinstance(few, str) and "partial-sum slot" in few  # a recipe that would write past them: none
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -254,14 +253,15 @@ def test_a_wgmma_tiles_recipe_reads_x_and_w_in_the_128_byte_swizzle(fresh, monke
     fake = types.SimpleNamespace(describe=types.SimpleNamespace(default=lambda *a: [0xF00, 264, 160, 99000, 2, 4096,
                                                                                     wg[-1]]))
     monkeypatch.setattr(cuda_decode, "_OPS", [fake])
-    slots = torch.full((4096,), -1, dtype=torch.int32)
+    monkeypatch.setattr(cuda_decode, "split_partials", lambda device, n: torch.zeros(n, dtype=torch.int32))
+    counts = torch.zeros(4096, dtype=torch.int32)
     bf16 = MAP_TYPES[torch.bfloat16]
     w, cols, row_ptr = torch.randn(5, 128, 64, dtype=torch.bfloat16), torch.zeros(5, dtype=torch.long), torch.zeros(4, dtype=torch.long)
     for n, (tokens, wgmma) in enumerate(((40, 1), (16, 1), (1, 1), (16, 0))):
         wg.append(wgmma)
         x, y = torch.randn(tokens, 256, dtype=torch.bfloat16), torch.empty(tokens, 384, dtype=torch.bfloat16)
         ins = (x, w, None, cols, row_ptr, None)
-        r = cuda_decode.recipe(types.SimpleNamespace(values=(4, 2, 1)), (x, w, None, y, cols, row_ptr, slots, 0), ins,
+        r = cuda_decode.recipe(types.SimpleNamespace(values=(4, 2, 1)), (x, w, None, y, cols, row_ptr, counts, 0), ins,
                                [(y, True)])
         reference.define(40 + n, *ins, 384, 0, r.launch, r.outputs, r.program, r.held)
         raw = bytes(reference.pack(40 + n, *ins, 384, 0)[0].tolist())
@@ -275,7 +275,7 @@ def test_a_wgmma_tiles_recipe_reads_x_and_w_in_the_128_byte_swizzle(fresh, monke
     x, y = torch.randn(40, 256, dtype=torch.bfloat16), torch.empty(40, 384, dtype=torch.bfloat16)
     ins = (x, none, None, cols[:0], row_ptr, None)
     wg.append(1)
-    r = cuda_decode.recipe(types.SimpleNamespace(values=(4, 2, 1)), (x, none, None, y, cols[:0], row_ptr, slots, 0),
+    r = cuda_decode.recipe(types.SimpleNamespace(values=(4, 2, 1)), (x, none, None, y, cols[:0], row_ptr, counts, 0),
                            ins, [(y, True)])
     reference.define(33, *ins, 384, 0, r.launch, r.outputs, r.program, r.held)
     raw = bytes(reference.pack(33, *ins, 384, 0)[0].tolist())

@@ -4,13 +4,12 @@
 //
 // Ops, registered under the namespace given by -DOPFORGE_NS=<name> (cuda_decode.py calls them):
 //   forward(Tensor x, Tensor w, Tensor? b, Tensor(a!) y, Tensor cols, Tensor row_ptr,
-//           Tensor(b!) slots, int chunk, int stages, int ctas, int overlap, int wgmma=-1) -> ()
+//           Tensor(b!) counts, int chunk, int stages, int ctas, int overlap, int wgmma=-1) -> ()
 //     y = x Wᵀ (+ b): x (T, in) with 1 <= T <= 64 (33-64: 64-wide blocks on sm_90a only) and w (nnz, bh, bw)
 //     contiguous, float16 or bfloat16, 16-byte aligned, bh and bw of 32, 64 or 128; b (out) of x's dtype,
 //     contiguous; y (T, out) of x's dtype, contiguous; cols (nnz) and row_ptr (out / bh + 1) int64, the
-//     layout's; slots the partial sums' slots, int32 of at least describe's count of elements, each -1
-//     (SLOT_EMPTY: buffers.split_slots), left so (one buffer a stream). chunk: blocks a CTA (0: an equal
-//     share of the grid's; tests cut the rows every way
+//     layout's; counts int32 zeros of at least (out / bh) * (bh / 16) elements, left at zero (one buffer a
+//     stream). chunk: blocks a CTA (0: an equal share of the grid's; tests cut the rows every way
 //     with it); stages: blocks in flight a CTA; ctas: CTAs an SM (as many as fit, if fewer);
 //     overlap: 1 to launch as a programmatic dependent of the kernel before it on the stream
 //     (decode_cuda_kernel.cuh), 0 not; wgmma: 1 for a tile through wgmma (64-wide blocks 64 or 128 high,
@@ -144,7 +143,7 @@ Geometry geometry(const Tensor& x, int64_t nnz, int64_t bh, int64_t bw, int64_t 
   return {p.c, grid, share, int64_t{grid} * (bh / 16) * p.c.nt * 32 * 4};
 }
 
-void forward(Tensor x, Tensor w, std::optional<Tensor> b, Tensor y, Tensor cols, Tensor row_ptr, Tensor slots,
+void forward(Tensor x, Tensor w, std::optional<Tensor> b, Tensor y, Tensor cols, Tensor row_ptr, Tensor counts,
              int64_t chunk, int64_t stages, int64_t ctas, int64_t overlap, int64_t wgmma) {
   STD_TORCH_CHECK(x.is_cuda(), kOp, ": x must be a CUDA tensor, got ", device_name(x));
   const int32_t device = x.get_device_index();
@@ -153,7 +152,7 @@ void forward(Tensor x, Tensor w, std::optional<Tensor> b, Tensor y, Tensor cols,
   check_on(y, "y", device);
   check_on(cols, "cols", device);
   check_on(row_ptr, "row_ptr", device);
-  check_on(slots, "slots", device);
+  check_on(counts, "counts", device);
   const ScalarType dt = x.scalar_type();
   STD_TORCH_CHECK(dt == ScalarType::BFloat16 || dt == ScalarType::Half, kOp,
                   ": x must be bfloat16 or float16 (the Triton kernels take float32), got ",
@@ -174,6 +173,8 @@ void forward(Tensor x, Tensor w, std::optional<Tensor> b, Tensor y, Tensor cols,
   STD_TORCH_CHECK(cols.numel() == nnz && row_ptr.numel() == rows + 1, kOp, ": cols must have nnz = ", nnz,
                   " elements and row_ptr out_features / bh + 1 = ", rows + 1, ", got ", cols.numel(), " and ",
                   row_ptr.numel());
+  STD_TORCH_CHECK(counts.scalar_type() == ScalarType::Int && counts.numel() >= units, kOp,
+                  ": counts must be int32 zeros of at least ", units, " elements");
   STD_TORCH_CHECK(aligned16(x) && aligned16(w), kOp, ": x and w must be 16-byte aligned (call .clone())");
   STD_TORCH_CHECK(nnz < (int64_t{1} << 30) && units < (int64_t{1} << 30) && tokens * k_in < (int64_t{1} << 40), kOp,
                   ": the layout is too large for this kernel (", nnz, " blocks)");
@@ -192,15 +193,13 @@ void forward(Tensor x, Tensor w, std::optional<Tensor> b, Tensor y, Tensor cols,
   const Geometry g = geometry(x, nnz, bh, bw, chunk, stages, ctas, overlap == 1, wgmma);
   const k::Config c = g.c;
   const int grid = g.grid, share = g.share;
-  STD_TORCH_CHECK(slots.scalar_type() == ScalarType::Int && slots.numel() >= g.part, kOp,
-                  ": slots must be int32 of at least ", g.part, " elements, each -1 (SLOT_EMPTY), as "
-                  "opforge.kernels.block_sparse.buffers.split_slots keeps them");
+  Tensor part = torch::stable::new_empty(x, {g.part}, ScalarType::Float);
   void* stream = nullptr;
   STD_TORCH_CHECK(aoti_torch_get_current_cuda_stream(device, &stream) == AOTI_TORCH_SUCCESS, kOp,
                   ": could not get the current CUDA stream of cuda:", device);
   const k::Args a{x.data_ptr(), w.data_ptr(), bp, y.data_ptr(),
                   static_cast<const int64_t*>(cols.data_ptr()), static_cast<const int64_t*>(row_ptr.data_ptr()),
-                  static_cast<float*>(slots.data_ptr()),
+                  static_cast<float*>(part.data_ptr()), static_cast<int*>(counts.data_ptr()),
                   static_cast<int>(tokens), static_cast<int>(k_in), static_cast<int>(out_features), static_cast<int>(bh),
                   static_cast<int>(rows), static_cast<int>(nnz), share};
   const cudaError_t err = k::launch(dt == ScalarType::BFloat16, c, grid, a, static_cast<cudaStream_t>(stream));
@@ -226,7 +225,7 @@ std::vector<int64_t> describe(Tensor x, Tensor w, int64_t chunk, int64_t stages,
 }  // namespace
 
 OPFORGE_LIBRARY(OPFORGE_NS, m) {
-  m.def("forward(Tensor x, Tensor w, Tensor? b, Tensor(a!) y, Tensor cols, Tensor row_ptr, Tensor(b!) slots, "
+  m.def("forward(Tensor x, Tensor w, Tensor? b, Tensor(a!) y, Tensor cols, Tensor row_ptr, Tensor(b!) counts, "
         "int chunk, int stages, int ctas, int overlap, int wgmma=-1) -> ()");
   m.def("grid(Tensor x, int bh, int bw, int stages, int ctas, int wgmma=-1) -> int");
   m.def("describe(Tensor x, Tensor w, int chunk, int stages, int ctas, int wgmma=-1) -> int[]");

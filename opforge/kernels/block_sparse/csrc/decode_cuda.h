@@ -40,7 +40,8 @@ struct Args {
   void* y;        // (tokens, n_out)
   const int64_t* cols;
   const int64_t* row_ptr;
-  float* part;  // a slot a (CTA, 16-row strip): NT * 32 float4, every element SLOT_EMPTY's bits, left so
+  float* part;  // a slot a (CTA, 16-row strip): NT * 32 float4
+  int* counts;  // one a (block-row, 16-row strip): zeros, left at zero
   int tokens, k_in, n_out, bh, rows, nnz, chunk;  // chunk: blocks a CTA
 };
 

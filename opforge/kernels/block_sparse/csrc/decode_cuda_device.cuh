@@ -297,55 +297,34 @@ __device__ __forceinline__ void store_strip(const Args& a, const float (&acc)[NT
   }
 }
 
-// A strip's partial sums: slot `slot` of a.part (each lane its own float4s). Between launches every element of
-// every slot is kEmpty (0xFFFFFFFF, SLOT_EMPTY to the Python side): a NaN no arithmetic makes (a GPU's NaNs are
-// 0x7FFFFFFF), so each 4-byte element says by itself whether its CTA has stored it. The CTA that sums a slot empties
-// it again. (Counted in with a release add and waited for with an acquire load, as before, the partial sums cost
-// two trips to memory in a row at the owner's end and a fence at each cut: the kernel without them ran 1.3-2.4 us
-// a layer faster on every row of issue 35: docs/benchmarks.md, issue 35, twenty-seventh session.)
-constexpr uint32_t kEmpty = 0xFFFFFFFFu;
-
+// A strip's partial sums: slot `slot` of a.part (each lane its own float4s).
 template <int NT>
 __device__ __forceinline__ float4* slot_of(const Args& a, int slot) {
   return reinterpret_cast<float4*>(a.part) + static_cast<int64_t>(slot) * (NT * 32);
-}
-
-// Strong (relaxed, gpu scope) 16-byte accesses: a slot's element is either kEmpty or its CTA's value, and a read
-// again in a loop is a new load.
-__device__ __forceinline__ void st_slot(float4* p, float4 v) {
-  asm volatile("st.relaxed.gpu.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
-               : "memory");
-}
-
-__device__ __forceinline__ float4 ld_slot(const float4* p) {
-  float4 v;
-  asm volatile("ld.relaxed.gpu.global.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ bool empty4(float4 v) {
-  return (__float_as_uint(v.x) == kEmpty) | (__float_as_uint(v.y) == kEmpty) | (__float_as_uint(v.z) == kEmpty) |
-         (__float_as_uint(v.w) == kEmpty);
 }
 
 template <int NT>
 __device__ __forceinline__ void put_partial(const Args& a, const float (&acc)[NT][4], int slot, int lane) {
   float4* mine = slot_of<NT>(a, slot);
 #pragma unroll
-  for (int i = 0; i < NT; ++i) st_slot(mine + i * 32 + lane, make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+  for (int i = 0; i < NT; ++i) mine[i * 32 + lane] = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
 }
 
-// This lane's float4 `i` of slot `slot`, once its CTA has stored it (`v`: its first read, issued with the others
-// earlier), and the slot's element emptied again for the next launch.
-__device__ __forceinline__ float4 take_slot(float4* p, float4 v) {
-  while (empty4(v)) {  // not stored yet: its CTA is still on its way
-    __nanosleep(64);
-    v = ld_slot(p);
+// Counts the warp's partial sums in (release order: they are visible before the count is).
+__device__ __forceinline__ void arrive(const Args& a, int unit, int lane) {
+  __syncwarp();
+  if (lane == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(a.counts + unit) : "memory");
+}
+
+// Lane 0 waits, with acquire order, until `unit`'s count reaches `expected`; the warp then reads the slots.
+__device__ __forceinline__ void wait_count(const Args& a, int unit, int expected, int lane) {
+  if (lane == 0) {
+    int seen = 0;
+    do {
+      asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(a.counts + unit) : "memory");
+    } while (seen != expected);
   }
-  const float e = __uint_as_float(kEmpty);
-  st_slot(p, make_float4(e, e, e, e));
-  return v;
+  __syncwarp();
 }
 
 // The empty block-rows (no blocks, so no CTA's share holds them): the bias, or zeros. Warp `first`

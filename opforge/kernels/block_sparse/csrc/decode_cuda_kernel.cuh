@@ -22,13 +22,12 @@
 // * The block's row is found once a CTA (consumer warp 0, shared through shared memory), and a row's
 //   owner loads the earlier CTAs' partial sums four slots at a time.
 // * The CTA walks its share backwards, from its last block to its first. A row cut at the share's
-//   end (it goes on into the next CTA) comes first: its fp32 partial sums go to the CTA's slot
-//   long before the CTA holding the row's last block, which walks that part last, needs them. The
-//   slots signal themselves (decode_cuda_device.cuh: an element is SLOT_EMPTY until stored), so a
-//   cut costs no fence and no count. That CTA sums the slots (lower CTAs first, in order: the same
-//   result whoever finished first) and its own registers: one trip to memory at the end of its walk,
-//   not a chain, and empties them for the next launch. It waits only on CTAs of lower index, which
-//   never wait on it: no deadlock.
+//   end (it goes on into the next CTA) comes first: its fp32 partial sums go to the CTA's slot,
+//   counted in with a release add, long before the CTA holding the row's last block, which walks
+//   that part last, needs them. That CTA sums the slots (lower CTAs first, in order: the same
+//   result whoever finished first) and its own registers: one trip to memory at the end of its
+//   walk, not a chain. It waits only on CTAs of lower index, which never wait on it: no deadlock.
+//   Each (row, strip) count goes back to zero for the next launch.
 // * Empty block-rows (no blocks, so in no share) get the bias, or zeros, from every warp at the end.
 // * Launched as a programmatic dependent (Config::overlap), a CTA starts while the kernel before it
 //   on the stream ends, and asks for its first `stages` blocks into L2 (a prefetch: no data read)
@@ -140,6 +139,7 @@ __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, in
     __syncwarp();
     if (lane == 0) bar_arrive(empty + slot);
     if (flush) {
+      const int unit = r * MT + m;
 #ifdef OPFORGE_DECODE_ABLATE_PARTIALS
       if (true) {
 #else
@@ -148,8 +148,10 @@ __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, in
         store_strip<BF16, NT>(a, acc, r, m, g, t);
       } else if (re > hi) {  // the row goes on past this share: its last block is another CTA's
         put_partial<NT>(a, acc, c * MT + m, lane);
+        arrive(a, unit, lane);
       } else {  // rs < lo, re <= hi: the row's last block is here; the CTAs before came in earlier
         const int c0 = rs / a.chunk;
+        wait_count(a, unit, c - c0, lane);
         // the slots of CTAs c0 .. c - 1, G loads in flight at a time, added in CTA order: four, or two of
         // the 64-token tile's (157 registers a thread, 2 CTAs an SM; four: 220 and one CTA, 2-9 us a layer
         // slower at d >= 0.25; one: 127 and three, 0-0.8 us slower: docs/benchmarks.md, issue 35,
@@ -163,27 +165,25 @@ __device__ __forceinline__ void consume(const Args& a, int lo, int hi, int c, in
             if (w0 + j < c) {
               const float4* part = slot_of<NT>(a, (w0 + j) * MT + m);
 #pragma unroll
-              for (int i = 0; i < NT; ++i) p[j][i] = ld_slot(part + i * 32 + lane);
+              for (int i = 0; i < NT; ++i) p[j][i] = __ldcg(part + i * 32 + lane);
             }
 #pragma unroll
           for (int j = 0; j < G; ++j)
-            if (w0 + j < c) {
-              float4* part = slot_of<NT>(a, (w0 + j) * MT + m);
+            if (w0 + j < c)
 #pragma unroll
               for (int i = 0; i < NT; ++i) {
-                const float4 v = take_slot(part + i * 32 + lane, p[j][i]);
-                sum[i][0] += v.x;
-                sum[i][1] += v.y;
-                sum[i][2] += v.z;
-                sum[i][3] += v.w;
+                sum[i][0] += p[j][i].x;
+                sum[i][1] += p[j][i].y;
+                sum[i][2] += p[j][i].z;
+                sum[i][3] += p[j][i].w;
               }
-            }
         }
 #pragma unroll
         for (int i = 0; i < NT; ++i)
 #pragma unroll
           for (int e = 0; e < 4; ++e) sum[i][e] += acc[i][e];
         store_strip<BF16, NT>(a, sum, r, m, g, t);
+        if (lane == 0) a.counts[unit] = 0;
       }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
