@@ -310,7 +310,10 @@ __device__ __forceinline__ void put_partial(const Args& a, const float (&acc)[NT
   for (int i = 0; i < NT; ++i) mine[i * 32 + lane] = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
 }
 
-// Counts the warp's partial sums in (release order: they are visible before the count is).
+// Counts the warp's partial sums in (release order: they are visible before the count is). Slots that signal
+// themselves instead (SLOT_EMPTY until stored, as the Triton decode kernel's: no count, no fence, one trip at the
+// owner) were within -0.5/+0.4 us a layer on the short rows at T <= 16, 0.2-1.0 us slower on the long ones and up to
+// 7.4 us slower at T = 64 (H200; docs/benchmarks.md, issue 35, twenty-seventh session; commit 64040c3).
 __device__ __forceinline__ void arrive(const Args& a, int unit, int lane) {
   __syncwarp();
   if (lane == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(a.counts + unit) : "memory");

@@ -36,6 +36,11 @@
 //   last copy is issued.
 //
 // On the H100 it reads the weight at up to ~2.9 TB/s (docs/benchmarks.md, issue 35).
+//
+// Diagnostics only (wrong results; bench/cuda_probe/decode_cuda_ablate.py builds them apart): OPFORGE_DECODE_ABLATE_
+// PARTIALS stores every cut row as it is, _MATH skips the products, _X copies no x. The cut rows' partial sums were
+// the largest part of the time over the floor, 0.7-2.5 us a layer (H200; docs/benchmarks.md, issue 35,
+// twenty-seventh session).
 #pragma once
 
 #include "decode_cuda_device.cuh"
