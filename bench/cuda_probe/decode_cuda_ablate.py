@@ -9,8 +9,7 @@ define its sources take (``csrc/decode_cuda_kernel.cuh``), and times each on iss
   count, no wait, no sums back (wrong results where a row is cut: a diagnostic);
 * ``nomath`` (``-DOPFORGE_DECODE_ABLATE_MATH``): no products (the slots waited for and given back);
 * ``nox`` (``-DOPFORGE_DECODE_ABLATE_X``): no x slices copied into the slots;
-* ``stream``: all three: the ring's stream of the weight and the row bookkeeping.
-
+* ``stream``: all three: the ring's stream of the weight and the row bookkeeping;
 * ``base`` (with ``--base DIR``): the kernel of another commit, its sources as ``git archive COMMIT opforge/kernels
   | tar -x -C DIR`` writes them, given a buffer of ``--base-fill`` (0: arrival counts, as the package's op takes;
   -1: the slots that signal themselves of commit 64040c3, measured and refused in the twenty-seventh session).
@@ -77,16 +76,18 @@ def main() -> None:
     dev, dt, n = torch.device("cuda"), torch.bfloat16, args.layers
     names = args.variants.split(",") + (["base"] if args.base else [])
     ops = {name: variant_ops(name, args.base) for name in names}
-    counts = split_counts(0, 1 << 16)
-    own = torch.zeros(1 << 16, dtype=torch.int32, device=dev)  # the ablated variants' counts: nopart leaves them
-    base = torch.full((1 << 22,), args.base_fill, dtype=torch.int32, device=dev)  # the base's own
+    # each variant's own counts (a variant that left them non-zero would hang another's owners), the package's its
+    # stream's buffer, the base's what its op takes
+    bufs = {name: torch.zeros(1 << 16, dtype=torch.int32, device=dev) for name in names}
+    bufs["package"] = split_counts(0, 1 << 16)
+    bufs["base"] = torch.full((1 << 22,), args.base_fill, dtype=torch.int32, device=dev)
     checked = ("package", "base")
 
     def run(m, x, cfg):
         idx = m.layout.indices(dev)
         y = torch.empty(x.shape[0], m.out_features, device=dev, dtype=x.dtype)
         name, stages, ctas = cfg
-        ops[name].forward(x, m.weight_blocks, m.bias, y, idx.cols, idx.row_ptr, {"base": base, "package": counts}.get(name, own), 0,
+        ops[name].forward(x, m.weight_blocks, m.bias, y, idx.cols, idx.row_ptr, bufs[name], 0,
                           stages, ctas, 1)
         return y
 
