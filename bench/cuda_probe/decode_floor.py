@@ -31,11 +31,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from block_sparse_decode import graph_us
 
 
-def probe_args(ap: argparse.ArgumentParser, tokens: str = "1,64", **lists: str) -> argparse.ArgumentParser:
-    """The arguments the decode probes share: which rows of issue 35 (``tokens``: the default token counts), how
-    many rotated layers; and a probe's own comma-separated lists, each ``--name`` with its default (``config_grid``
-    reads those of integers)."""
-    ap.add_argument("--shapes", default="4096x14336,14336x4096")
+def probe_args(ap: argparse.ArgumentParser, tokens: str = "1,64", shapes: bool = True, **lists: str) -> argparse.ArgumentParser:
+    """The arguments the decode probes share: which rows of issue 35 (``tokens``: the default token counts; no
+    ``--shapes`` for a probe whose layers are fixed, ``shapes=False``), how many rotated layers; and a probe's own
+    comma-separated lists, each ``--name`` with its default (``config_grid`` reads those of integers)."""
+    if shapes:
+        ap.add_argument("--shapes", default="4096x14336,14336x4096")
     ap.add_argument("--tokens", default=tokens)
     ap.add_argument("--densities", default="0.5,0.25,0.1")
     ap.add_argument("--layers", type=int, default=16)

@@ -38,8 +38,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from block_sparse_decode import graph_us
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode_floor import graph_us, probe_args  # noqa: E402
 
 from opforge.bench.suites.block_sparse_decode import LLAMA, mlp_stack, run_stack
 
@@ -140,12 +140,9 @@ def paired(graphs: dict, dev, rounds: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", default="1")
-    ap.add_argument("--densities", default="0.25")
-    ap.add_argument("--layers", type=int, default=16)
+    ap = probe_args(argparse.ArgumentParser(), tokens="1", shapes=False, tunings="")  # the stack's layers: Llama's
+    ap.set_defaults(densities="0.25")
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--tunings", default="")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--json")
     args = ap.parse_args()
