@@ -116,6 +116,29 @@ def routed_and_reference(mods, x, dev, layers: int):
         return routed, mods[0](x).float()
 
 
+def tuned_anew() -> None:
+    """Forget every decode route's choice, plan and config, in the process and in opforge's cache: the next calls
+    tune from nothing."""
+    import shutil
+
+    from opforge import settings
+    from opforge.engine.inventory import TUNING_DIR
+    from opforge.kernels.block_sparse import triton_impl
+
+    triton_impl.forget_plans()  # the plans and the routes' choices
+    for k in triton_impl.KERNELS.values():
+        k.forget()
+    shutil.rmtree(os.path.join(settings.current().cache_dir, TUNING_DIR), ignore_errors=True)
+
+
+def picked() -> list[str]:
+    """The decode kernels the planned forward calls took (the plans' kinds)."""
+    from opforge.kernels.block_sparse import triton_impl
+
+    return sorted({str(p.facts[0] if isinstance(p.facts, tuple) else p.facts)
+                   for p in triton_impl._FWD.values() if not isinstance(p, str)})
+
+
 def checked_timings(configs, run, mods, x, ref, dev, layers: int) -> dict:
     """GPU µs a layer of ``run(module, x, config)`` over ``mods`` for each config, graph-replayed, each config's
     output first checked against ``ref`` (within 2e-2 of its largest element)."""

@@ -15,13 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from decode_floor import graph_us, issue_rows, probe_args  # bench/block_sparse_decode.py's graph_us
+from decode_floor import graph_us, issue_rows, picked, probe_args, tuned_anew
 
 
 def main() -> None:
@@ -43,8 +42,6 @@ def main() -> None:
                          "a column NAME@EARLY:OVERLAP each. The route as in use runs with the package's own")
     ap.set_defaults(tokens="1,16,64")
     args = ap.parse_args()
-    from opforge import settings
-    from opforge.engine.inventory import TUNING_DIR
     from opforge.kernels import triton_launch
     from opforge.kernels.block_sparse import triton_impl
 
@@ -89,9 +86,6 @@ def main() -> None:
 
     own_timer = graph_timing.StandIns.per_call_ms
 
-    def picked():
-        return sorted({str(p.facts[0] if isinstance(p.facts, tuple) else p.facts)
-                       for p in triton_impl._FWD.values() if not isinstance(p, str)})
     out = {"device": torch.cuda.get_device_name(), "rows": []}
     for row in issue_rows(args, dev, dt, seed=1):
         x, mods, dense = row.pop("x"), row.pop("mods"), row["dense_us"]
@@ -105,11 +99,7 @@ def main() -> None:
                     mode = None
                 start(mode)
                 route.names = names if name is None else (name,)
-                route.forget()
-                triton_impl.forget_plans()
-                for k in triton_impl.KERNELS.values():
-                    k.forget()  # each config tuned anew too: from nothing kept in the process or the cache
-                shutil.rmtree(os.path.join(settings.current().cache_dir, TUNING_DIR), ignore_errors=True)
+                tuned_anew()  # the route and each config: from nothing kept in the process or the cache
                 try:
                     got = graph_us(lambda: [m(x) for m in mods], dev, n)  # noqa: B023
                 except ValueError:  # a candidate offered for none of these calls alone (cuda: no variant)

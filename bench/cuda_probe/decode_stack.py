@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from decode_floor import graph_us, probe_args  # noqa: E402
+from decode_floor import graph_us, picked, probe_args, tuned_anew  # noqa: E402
 
 from opforge.bench.suites.block_sparse_decode import LLAMA, mlp_stack, run_stack
 
@@ -88,14 +88,9 @@ def profile(stack, x, dev) -> dict:
 
 
 def retuned(tuning: str) -> None:
-    """Forget every decode route's choice, plan and config, here and in the cache, and time candidates from now
-    on per ``tuning`` (``graph``: the package's way; ``pad``: each call after a one-element ``zero_``)."""
-    import shutil
-
-    from opforge import settings
-    from opforge.engine.inventory import TUNING_DIR
+    """Tune from nothing again (``decode_floor.tuned_anew``), timing candidates from now on per ``tuning``
+    (``graph``: the package's way; ``pad``: each call after a one-element ``zero_``)."""
     from opforge.kernels import graph_timing
-    from opforge.kernels.block_sparse import triton_impl
 
     own = getattr(graph_timing.StandIns, "_own_per_call_ms", graph_timing.StandIns.per_call_ms)
     graph_timing.StandIns._own_per_call_ms = own
@@ -110,18 +105,7 @@ def retuned(tuning: str) -> None:
                 launch(a)
             return own(self, after_pad, args, device)
         graph_timing.StandIns.per_call_ms = padded
-    triton_impl.forget_plans()
-    for k in triton_impl.KERNELS.values():
-        k.forget()
-    shutil.rmtree(os.path.join(settings.current().cache_dir, TUNING_DIR), ignore_errors=True)
-
-
-def picks() -> list[str]:
-    """The decode kernels the planned forward calls took."""
-    from opforge.kernels.block_sparse import triton_impl
-
-    return sorted({str(p.facts[0] if isinstance(p.facts, tuple) else p.facts)
-                   for p in triton_impl._FWD.values() if not isinstance(p, str)})
+    tuned_anew()
 
 
 def paired(graphs: dict, dev, rounds: int) -> dict:
@@ -173,7 +157,7 @@ def main() -> None:
                     for tuning in args.tunings.split(","):
                         retuned(tuning)
                         graphs[tuning] = Captured(lambda: run_stack(stack, x), dev)  # noqa: B023
-                        row[f"picks_{tuning}"] = picks()
+                        row[f"picks_{tuning}"] = picked()
                     row["tuned_us"] = paired(graphs, dev, args.rounds)
                     print("    tuned: " + "; ".join(f"{k} {v:.0f} us a step, picks {row['picks_' + k]}"
                                                    for k, v in row["tuned_us"].items()), flush=True)
