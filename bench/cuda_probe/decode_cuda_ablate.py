@@ -21,7 +21,7 @@ layer first.
 Usage::
 
     python bench/cuda_probe/decode_cuda_ablate.py [--shapes ...] [--tokens 1,16,64] [--densities ...]
-        [--variants package,nopart,nomath,nox,stream] [--base DIR --base-fill 0] [--json OUT]
+        [--variants package,nopart,nomath,nox,stream] [--base DIR --base-fill 0] [--check] [--json OUT]
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ def main() -> None:
     ap = floor.probe_args(argparse.ArgumentParser(), tokens="1,16,64", variants=",".join(VARIANTS))
     ap.add_argument("--base", help="another commit's opforge/kernels, extracted under this directory")
     ap.add_argument("--base-fill", type=int, default=0)
+    ap.add_argument("--check", action="store_true", help="the package's kernel on odd layouts against fp64 first")
     ap.add_argument("--json")
     args = ap.parse_args()
     dev, dt, n = torch.device("cuda"), torch.bfloat16, args.layers
@@ -81,7 +82,12 @@ def main() -> None:
     bufs = {name: torch.zeros(1 << 16, dtype=torch.int32, device=dev) for name in names}
     bufs["package"] = split_counts(0, 1 << 16)
     bufs["base"] = torch.full((1 << 22,), args.base_fill, dtype=torch.int32, device=dev)
-    checked = ("package", "base")
+    checked = ("package", "base")  # the exact ones
+    if args.check and "package" in ops:  # (the base's op may take another buffer: not checked here)
+        from decode_wgmma import check
+
+        n_ok = check(ops["package"].forward, bufs["package"], tokens_checked=(1, 17, 33, 64))
+        print(f"check package: {n_ok} launches against fp64, all within 1e-2, counts left at zero", flush=True)
 
     def run(m, x, cfg):
         idx = m.layout.indices(dev)

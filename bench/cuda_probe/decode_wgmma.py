@@ -60,15 +60,15 @@ def reference(x, w, b, cols, row_ptr, n_out):
     return y + b.double() if b is not None else y
 
 
-def check(op, counts) -> int:
-    """The probe's variant against fp64: T = 33, 48, 64; 64 x 64 and 128 x 64 blocks; bf16 and fp16; a bias
+def check(op, counts, tokens_checked=(33, 48, 64)) -> int:
+    """The probe's variant against fp64: T of ``tokens_checked``; 64 x 64 and 128 x 64 blocks; bf16 and fp16; a bias
     or not; layouts with empty rows, a full row and rows of 0 to all blocks; every ring depth and CTAs an
     SM given, and chunks that cut rows every way. Returns the launches checked."""
     dev = torch.device("cuda")
     g = torch.Generator().manual_seed(7)
     n = 0
     for dt, (bh, bw), tokens, bias in itertools.product((torch.bfloat16, torch.float16), ((64, 64), (128, 64)),
-                                                        (33, 48, 64), (False, True)):
+                                                        tokens_checked, (False, True)):
         k_in, n_out = 1024, 1024
         rows, cols_n = n_out // bh, k_in // bw
         counts_per_row = [0, cols_n, 3, 0, 1] + [int(torch.randint(0, cols_n + 1, (1,), generator=g))
