@@ -6,7 +6,7 @@ Usage::
 
     python bench/block_sparse_decode.py [--tokens 1,16,64] [--densities 0.5,0.25,0.1] [--layers 16]
         [--shapes 4096x14336,14336x4096] [--blocks 64] [--prefill 2048:4096x4096:64,64:14336x4096:128]
-        [--no-stack] [--no-peers] [--json FILE]
+        [--no-stack] [--compiled-tokens 1] [--no-peers] [--json FILE]
 
 **Each layer alone.** ``--layers`` copies of the layer (their own weights and, sparse, their own
 random layout), called one after the other on the same input, so that every call reads its
@@ -28,7 +28,10 @@ reported. opforge's first layer is checked against ``F.linear`` on its masked de
 
 **The MLP stack** (``--no-stack`` skips it): L SwiGLU blocks (gate and up 4096->14336, down
 14336->4096, a residual add; ``opforge.bench.suites.block_sparse_decode``), one decode step of T
-tokens, graph-replayed and eager: tokens per second, and the weight bytes per second reached.
+tokens, graph-replayed and eager: tokens per second, and the weight bytes per second reached. At the
+T of ``--compiled-tokens`` (default 1) also through ``torch.compile(fullgraph=True)``, dense and sparse
+alike (inductor fuses each block's silu and mul; the linear layers stay cuBLAS's and opforge's kernels),
+then graph-captured the same way.
 
 **Prefill rows** (``--prefill T:INxOUT:BLOCKS``): the same layer-alone timing at other sizes
 (the issue's T=2048 and long-K T=64 rows), density 0.5.
@@ -185,7 +188,27 @@ def line(case: dict) -> str:
             f"(err {case['rel_err']:.1e}): " + "; ".join(parts))
 
 
-def stack_rows(tokens, densities, block, layers, dtype, dev) -> list:
+def stack_steps(stack, tokens: list, compiled_tokens: list, hidden: int, dev, dtype):
+    """For each T of ``tokens``, then each of ``compiled_tokens`` compiled: (T, compiled, graph µs, b2b µs, host µs)
+    of one decode step through ``stack``. Compiled: the step through ``torch.compile(fullgraph=True)`` (inductor
+    fuses each block's silu and mul, as a model served compiled runs them; opforge's ops stay its own kernels),
+    checked against the eager step, then captured as the eager one is."""
+    for t, compiled in [(t, False) for t in tokens] + [(t, True) for t in compiled_tokens]:
+        x = torch.randn(t, hidden, device=dev, dtype=dtype)
+        step = lambda: run_stack(stack, x)  # noqa: E731, B023
+        with torch.no_grad():
+            if compiled:
+                torch.compiler.reset()
+                fn = torch.compile(lambda h: run_stack(stack, h), fullgraph=True)  # noqa: B023
+                want, got = run_stack(stack, x).float(), fn(x).float()
+                err = ((got - want).abs().max() / want.abs().max().clamp_min(1e-6)).item()
+                if err > 2e-2:
+                    raise AssertionError(f"the compiled stack differs from eager at T={t}: {err:.3g}")
+                step = lambda: fn(x)  # noqa: E731, B023
+            yield t, compiled, graph_us(step, dev, 1), *b2b_us(step, dev, 1)
+
+
+def stack_rows(tokens, densities, block, layers, dtype, dev, compiled_tokens=()) -> list:
     from opforge.bench.suites.block_sparse_decode import LLAMA
 
     hidden, inter = LLAMA
@@ -193,33 +216,30 @@ def stack_rows(tokens, densities, block, layers, dtype, dev) -> list:
     dense = mlp_stack(layers, hidden, inter, None, block, dev, dtype)
     dense_bytes = weight_bytes(dense)
     base = {}
-    for t in tokens:
-        x = torch.randn(t, hidden, device=dev, dtype=dtype)
-        with torch.no_grad():
-            base[t] = (graph_us(lambda: run_stack(dense, x), dev, 1), *b2b_us(lambda: run_stack(dense, x), dev, 1))
-        out.append({"tokens": t, "density": 1.0, "impl": "dense", "weight_bytes": dense_bytes,
-                    "graph_us": base[t][0], "b2b_us": base[t][1], "host_us": base[t][2]})
+    for t, compiled, g, b, h in stack_steps(dense, tokens, compiled_tokens, hidden, dev, dtype):
+        base[t, compiled] = (g, b)
+        out.append({"tokens": t, "density": 1.0, "impl": "dense", "compiled": compiled, "weight_bytes": dense_bytes,
+                    "graph_us": g, "b2b_us": b, "host_us": h})
     dense = None
     torch.cuda.empty_cache()
     for density in densities:
         sparse = mlp_stack(layers, hidden, inter, density, block, dev, dtype)
         nbytes = weight_bytes(sparse)
-        for t in tokens:
-            x = torch.randn(t, hidden, device=dev, dtype=dtype)
-            with torch.no_grad():
-                g = graph_us(lambda: run_stack(sparse, x), dev, 1)
-                b, h = b2b_us(lambda: run_stack(sparse, x), dev, 1)
-            out.append({"tokens": t, "density": density, "impl": "opforge", "weight_bytes": nbytes, "graph_us": g,
-                        "b2b_us": b, "host_us": h, "vs_dense": base[t][0] / g, "vs_dense_b2b": base[t][1] / b})
+        for t, compiled, g, b, h in stack_steps(sparse, tokens, compiled_tokens, hidden, dev, dtype):
+            dg, db = base[t, compiled]
+            out.append({"tokens": t, "density": density, "impl": "opforge", "compiled": compiled,
+                        "weight_bytes": nbytes, "graph_us": g, "b2b_us": b, "host_us": h, "vs_dense": dg / g,
+                        "vs_dense_b2b": db / b})
         sparse = None
         torch.cuda.empty_cache()
+    dense_t1 = next(d for d in out if d["impl"] == "dense" and d["tokens"] == min(tokens) and not d["compiled"])
     for r in out:
         r["tokens_per_s"] = r["tokens"] / r["graph_us"] * 1e6
         r["GBps"] = r["weight_bytes"] / r["graph_us"] / 1e3
-        dense_t1 = next(d for d in out if d["impl"] == "dense" and d["tokens"] == min(tokens))
-        r["pct_dense_bw"] = 100 * r["GBps"] / dense_t1["GBps"]
-        print(f"stack {layers}x SwiGLU T={r['tokens']} {r['impl']} d={r['density']}: graph {r['graph_us']:.0f} us "
-              f"({r['tokens_per_s']:.0f} tok/s, {r['GBps']:.0f} GB/s, {r['pct_dense_bw']:.0f}% of dense's) "
+        r["pct_dense_bw"] = 100 * r["GBps"] / (dense_t1["weight_bytes"] / dense_t1["graph_us"] / 1e3)
+        print(f"stack {layers}x SwiGLU T={r['tokens']}{' compiled' if r['compiled'] else ''} {r['impl']} "
+              f"d={r['density']}: graph {r['graph_us']:.0f} us ({r['tokens_per_s']:.0f} tok/s, {r['GBps']:.0f} GB/s, "
+              f"{r['pct_dense_bw']:.0f}% of dense's) "
               f"{format(r['vs_dense'], '.2f') + 'x dense' if 'vs_dense' in r else ''}; eager {r['b2b_us']:.0f} us, host "
               f"{r['host_us']:.0f} us", flush=True)
     return out
@@ -236,6 +256,8 @@ def main() -> None:
                     help="T:INxOUT:BLOCK+BLOCK,...  (density 0.5; '' for none)")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     ap.add_argument("--no-stack", dest="stack", action="store_false")
+    ap.add_argument("--compiled-tokens", default="1",
+                    help="the stack's T also timed through torch.compile (comma-separated; '' for none)")
     ap.add_argument("--no-peers", dest="peers", action="store_false")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -266,7 +288,8 @@ def main() -> None:
         doc["prefill"] += layer_rows(k_in, n_out, int(t), [0.5], [int(b) for b in bl.split("+")], args.layers,
                                      dtype, dev, args.peers, dense_bw)
     if args.stack:
-        doc["stack"] = stack_rows(tokens, densities, blocks[0], args.layers, dtype, dev)
+        doc["stack"] = stack_rows(tokens, densities, blocks[0], args.layers, dtype, dev,
+                                  [int(t) for t in filter(None, args.compiled_tokens.split(","))])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
