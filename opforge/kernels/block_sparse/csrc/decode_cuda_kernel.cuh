@@ -27,7 +27,10 @@
 //   that part last, needs them. That CTA sums the slots (lower CTAs first, in order: the same
 //   result whoever finished first) and its own registers: one trip to memory at the end of its
 //   walk, not a chain. It waits only on CTAs of lower index, which never wait on it: no deadlock.
-//   Each (row, strip) count goes back to zero for the next launch.
+//   Each (row, strip) count goes back to zero for the next launch. Handing the sums on otherwise was slower on
+//   the H200: between a cluster's two CTAs through distributed shared memory (0.2-1.4 us a layer), or through a
+//   courier warp of its own, off the consumers' path (0.6-10.8 us: one warp sums in series what the owner's
+//   consumer warps sum in parallel); docs/benchmarks.md, issue 35, twenty-eighth session.
 // * Empty block-rows (no blocks, so in no share) get the bias, or zeros, from every warp at the end.
 // * Launched as a programmatic dependent (Config::overlap), a CTA starts while the kernel before it
 //   on the stream ends, and asks for its first `stages` blocks into L2 (a prefetch: no data read)
