@@ -188,22 +188,28 @@ def block_sparse_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | N
     >>> block_sparse_linear(torch.ones(1, 4), torch.ones(2, 1, 2), None, lay)
     tensor([[2., 2.]])
     """
-    table = _NATIVE[0]
-    if table is not None and table.call is not None and type(x) is torch.Tensor and x.is_cuda:
-        y = _replayed(table.call, x, w, bias, layout)
-        if y is not None:
-            return y
-    try:
-        seen = (type(x), x.dtype, x.device, x.shape[-1] if x.ndim else None, type(w), w.dtype, w.device, w.shape,
-                None if bias is None else (type(bias), bias.dtype, bias.device, bias.shape), layout.signature)
-    except AttributeError:  # not a tensor, or not a layout: check says which
-        seen = None
-    if seen is None or seen not in _CHECKED:
+    if torch.compiler.is_compiling():
+        # Traced: checked every time, and the op, with no process-wide state read. Dynamo guards on what a trace
+        # reads, and a guard on _CHECKED, which this call fills, fails on the frame that made it (two layers alike,
+        # first called inside torch.compile).
         check(x, w, bias, layout)
-        if seen is not None:
-            if len(_CHECKED) > 4096:
-                _CHECKED.clear()
-            _CHECKED.add(seen)
+    else:
+        table = _NATIVE[0]
+        if table is not None and table.call is not None and type(x) is torch.Tensor and x.is_cuda:
+            y = _replayed(table.call, x, w, bias, layout)
+            if y is not None:
+                return y
+        try:
+            seen = (type(x), x.dtype, x.device, x.shape[-1] if x.ndim else None, type(w), w.dtype, w.device, w.shape,
+                    None if bias is None else (type(bias), bias.dtype, bias.device, bias.shape), layout.signature)
+        except AttributeError:  # not a tensor, or not a layout: check says which
+            seen = None
+        if seen is None or seen not in _CHECKED:
+            check(x, w, bias, layout)
+            if seen is not None:
+                if len(_CHECKED) > 4096:
+                    _CHECKED.clear()
+                _CHECKED.add(seen)
     out_features, in_features = layout.signature[0]  # layout.shape, without its two properties
     idx = layout.indices(x.device)
     x2 = x if x.ndim == 2 else x.reshape(-1, in_features)

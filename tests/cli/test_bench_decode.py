@@ -38,3 +38,18 @@ def test_the_decode_suite_runs_on_gpus_only_and_says_so_on_the_cpu():
     assert SUITES["block_sparse_decode"].devices == ("cuda",)
     result = run_family("block_sparse_decode", torch.device("cpu"), Options(quick=True), None)
     assert result.status == "skipped" and "runs on cuda" in result.reason
+
+
+def test_the_stack_compiles_whole_with_inductor_and_matches_eager():
+    """bench/block_sparse_decode.py's compiled rows: the stack through torch.compile(fullgraph=True) with
+    inductor (a graph break would raise), opforge's op an extern call inside inductor's code, equal to eager."""
+    stack = mlp_stack(2, 128, 320, 0.25, 32, "cpu", torch.float32, seed=2)
+    x = torch.randn(3, 128)
+    torch.compiler.reset()
+    try:
+        with torch.no_grad():
+            got = torch.compile(lambda h: run_stack(stack, h), fullgraph=True)(x)
+            want = run_stack(stack, x)
+    finally:
+        torch.compiler.reset()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

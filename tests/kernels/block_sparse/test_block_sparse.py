@@ -203,6 +203,32 @@ def test_torch_compile_fullgraph():
     torch.testing.assert_close(compiled(x), m(x).relu().sum())
 
 
+@pytest.mark.parametrize("grad", [False, True])
+def test_torch_compile_of_a_layer_first_called_there(grad):
+    """A model compiled before its layers ever ran, in a process where other layers ran eagerly (a notebook):
+    dynamo must not guard on the process-wide record of checked calls, which the traced call itself would fill
+    (the guard then fails on the frame that made it)."""
+    other = BlockSparseLinear(32, 16, density=0.5, block_shape=(16, 16), generator=torch.Generator().manual_seed(1))
+    other(torch.randn(2, 32))
+    layout = layout_of("0.5", 48, 48, (16, 16), seed=2)  # two layers alike: the second call is checked like the first
+    m1, m2 = (BlockSparseLinear(48, 48, layout=layout) for _ in range(2))
+
+    def f(t):
+        return m2(m1(t).tanh()).sum()
+
+    x = torch.randn(3, 48, requires_grad=grad)
+    torch.compiler.reset()
+    try:
+        with torch.set_grad_enabled(grad):
+            got = torch.compile(f, fullgraph=True, backend="aot_eager")(x)
+    finally:
+        torch.compiler.reset()
+    torch.testing.assert_close(got, f(x))
+    if grad:
+        got.backward()
+        torch.testing.assert_close(x.grad, torch.autograd.grad(f(x), x)[0])
+
+
 # -- the layout --
 
 def test_layout_indices_agree_with_the_mask():
