@@ -403,3 +403,40 @@ def test_the_step_is_not_wrapped_twice():
     CPUAdam(model().parameters())
     CPUAdam(model().parameters())
     assert CPUAdam.step.hooked and not hasattr(CPUAdam.step.__wrapped__, "hooked")
+
+
+def test_a_compiled_step_runs_the_kernel_eagerly_and_matches_torch():
+    """torch.compile(opt.step), as torch's "compiling the optimizer" recipe does, and a compiled training step
+    that calls it: the step runs as it is (dynamo skips it; tracing would hand the C++ kernel fake tensors), its
+    hooks included, and trains as torch.optim.AdamW does."""
+    ours, theirs, whole = model(), model(), model()
+    kw = dict(lr=1e-2, weight_decay=0.05)
+    opt, ref, opt2 = CPUAdam(ours.parameters(), **kw), torch.optim.AdamW(theirs.parameters(), **kw), \
+        CPUAdam(whole.parameters(), **kw)
+    seen = []
+    handle = opt.register_step_post_hook(lambda o, a, k: seen.append("post"))
+    step = torch.compile(opt.step)
+
+    def train_step(x):
+        opt2.zero_grad()
+        whole(x).pow(2).mean().backward()
+        opt2.step()
+
+    compiled_train = torch.compile(train_step)
+    gen = torch.Generator().manual_seed(4)
+    torch.compiler.reset()
+    try:
+        for _ in range(3):
+            x = torch.randn(16, 13, generator=gen)
+            for m, o in ((ours, opt), (theirs, ref)):
+                o.zero_grad()
+                m(x).pow(2).mean().backward()
+            step()
+            ref.step()
+            compiled_train(x)
+    finally:
+        handle.remove()
+        torch.compiler.reset()
+    assert seen == ["post"] * 3
+    assert_same_params(ours, theirs)
+    assert_same_params(whole, theirs)
