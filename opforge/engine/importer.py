@@ -18,6 +18,10 @@
   a test's stand-in, torch's own build) is never replaced: the first time, a notice says so and
   ``load()``'s return value is the way to the build. A single-phase module puts itself in
   ``sys.modules`` while it is created, over whatever was there: what held the name is put back.
+* A module that links torch's libraries is imported after torch (``import torch`` first, when the
+  process hasn't): the binary carries no path to ``libc10.so`` and friends, which torch's import loads,
+  and its functions hand tensors to and from torch's Python types. A script that calls ``opforge.load``
+  before it imports torch gets what torch's ``load()`` gives it (which imports torch to be called).
 * A library (``is_python_module=False``) whose sources define operators (``TORCH_LIBRARY``)
   can't be loaded twice: the dispatcher refuses a second definition of a namespace, from a
   static initialiser, which aborts the process (torch's ``load()`` does that). A rebuilt one is
@@ -33,7 +37,7 @@ import threading
 from collections.abc import Iterable
 
 from ..errors import OpforgeError
-from . import bindings
+from . import bindings, elf
 
 #: binary path -> what was returned for it.
 _LOADED: dict[str, object] = {}
@@ -63,6 +67,7 @@ def import_module(name: str, path: str, notice=None, warn=None):
         module_spec = importlib.util.spec_from_file_location(spec_name, path)
         if module_spec is None or module_spec.loader is None:
             raise ImportError(f"cannot import {path}")
+        torch_first(path)
         holder = sys.modules.get(spec_name, _ABSENT)
         try:
             module = importlib.util.module_from_spec(module_spec)
@@ -79,6 +84,12 @@ def import_module(name: str, path: str, notice=None, warn=None):
 
 
 _ABSENT = object()
+
+
+def torch_first(path: str) -> None:
+    """Import torch before the binary at ``path`` when it links torch's libraries and torch isn't imported."""
+    if "torch" not in sys.modules and elf.needs_torch(path):
+        import torch  # noqa: F401  (loads libc10.so, libtorch*.so: what the binary names)
 
 
 def _take_name(name: str, module, warn) -> None:
