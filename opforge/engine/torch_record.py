@@ -6,12 +6,14 @@ yet, which is every warm load of a plain Python module in a fresh interpreter (a
 worker, the tests' subprocesses). So the facts are recorded in the cache under torch's identity, as
 ``platform`` memoises a tool's ``--version`` under the tool's (``<cache>/.tools/``):
 
-* the identity is where torch lies and the real path, size and mtime of the files the facts come
-  from (``version.py``: version, git hash, CUDA, HIP; the ``_C`` extension and ``libtorch_python`` /
-  ``libc10``: the C++ ABI), and the running Python (tag, extension suffix, machine). Reinstalling or
-  upgrading torch replaces those files, so the identity, and the record read, change with it;
-* a process that has imported torch records its facts only when the ``version.py`` on disk still
-  says what the imported torch says (torch was not replaced under a running process);
+* the identity is where torch lies and the file identity (device, inode), size and mtime of the files
+  the facts come from (``version.py``: version, git hash, CUDA, HIP; the ``_C`` extension and
+  ``libtorch_python`` / ``libc10``: the C++ ABI), and the running Python (tag, extension suffix,
+  machine). Reinstalling or upgrading torch replaces those files, so the identity, and the record read,
+  change with it. One ``stat`` a file, following links (a ``realpath`` of each cost a warm load 0.1 ms);
+* a process that has imported torch reads the record and is done when it says what the imported
+  torch says; else it records its facts, only when the ``version.py`` on disk still says what the
+  imported torch says (torch was not replaced under a running process);
 * a process that has not imported torch reads the record of the torch it would import
   (``importlib.util.find_spec``: nothing is imported), and imports torch only when there is none;
 * beside the facts, torch's answers for a CPU build (include dirs, library dirs, ``-std=``:
@@ -55,11 +57,9 @@ def identity(root: str) -> str:
     """
     parts = [root]
     for rel in _FILES:
-        path = os.path.join(root, rel)
         try:
-            real = os.path.realpath(path)
-            st = os.stat(real)
-            parts.append(f"{rel}:{real}:{st.st_size}:{st.st_mtime_ns}")
+            st = os.stat(os.path.join(root, rel))
+            parts.append(f"{rel}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}")
         except OSError:
             parts.append(f"{rel}:-")
     parts += [sys.implementation.cache_tag or "", importlib.machinery.EXTENSION_SUFFIXES[0], os.uname().machine]
@@ -164,8 +164,9 @@ def torch_facts(cache_dir: str) -> compat.TorchFacts:
             _record(path, facts)
     else:
         facts = compat.torch_facts()
-        if _still_installed(facts):
-            _record(record_path(cache_dir, identity(facts.root)), facts)
+        path = record_path(cache_dir, identity(facts.root))
+        if _read(path) != facts and _still_installed(facts):
+            _write(path, facts.to_json())
     with _LOCK:
         _SEEN[cache_dir] = facts
     return facts
