@@ -18,7 +18,7 @@ hardware we don't have: every field has a default, and a test states only what m
 
 GPUs are listed without initialising CUDA unless asked (``init_cuda=True``) or CUDA is
 initialised already: a process that initialises CUDA and then forks (a DataLoader with
-workers) breaks its children. NVIDIA GPUs come from NVML (``_nvml.py``), which is safe.
+workers) breaks its children. NVIDIA GPUs come from NVML (``nvml.py``), which is safe.
 """
 
 from __future__ import annotations
@@ -244,11 +244,16 @@ def _gpus(s: settings_mod.Settings, init_cuda: bool, cuda: str | None, hip: str 
         return tuple(found), "torch"
     if hip is not None:
         return (), "not probed: listing ROCm GPUs would initialise HIP (pass init_cuda=True)"
-    from . import _nvml
+    from . import nvml
+    from .engine import gpu_record
 
-    listed = _nvml.query(s.cuda_visible_devices, device_order=s.cuda_device_order)
-    if listed is None:
+    everything = gpu_record.listed(s.cache_dir)  # NVML's list, or the cache's record of this GPU set
+    if everything is None:
         return (), "none: NVML (the NVIDIA driver) is not available"
+    listed = nvml.arrange(s.cuda_visible_devices, everything, s.cuda_device_order)
+    if listed is None:
+        return (), ("not probed: mixed GPUs numbered by CUDA_DEVICE_ORDER=FASTEST_FIRST can't be told apart without "
+                    "initialising CUDA (set CUDA_DEVICE_ORDER=PCI_BUS_ID, or pass init_cuda=True)")
     return tuple(
         Gpu(g.index, g.name, "nvidia", g.capability, f"sm_{g.capability[0]}{g.capability[1]}", g.memory_bytes)
         for g in listed

@@ -75,6 +75,51 @@ def pymod_source(name: str, value: int = 1, extra: str = "", multi_phase: bool =
     )
 
 
+# A stand-in libnvidia-ml with two GPUs, so the ctypes calls run without a driver.
+# FAKE_NVML_FAIL names a call that returns an error; FAKE_NVML_MIXED makes GPU 1 an A100.
+FAKE_NVML = textwrap.dedent(
+    r"""
+    #include <stdlib.h>
+    #include <string.h>
+    typedef struct { unsigned long long total, free, used; } mem_t;
+    static int inited = 0;
+    static int fail(const char* fn) { const char* f = getenv("FAKE_NVML_FAIL"); return f && !strcmp(f, fn) ? 999 : 0; }
+    static int mixed(void) { return getenv("FAKE_NVML_MIXED") != NULL; }
+    int nvmlInit_v2(void) { if (fail("init")) return 9; inited = 1; return 0; }
+    int nvmlShutdown(void) { if (!inited) return 1; inited = 0; return 0; }
+    int nvmlDeviceGetCount_v2(unsigned* n) { if (!inited) return 1; *n = 2; return fail("count"); }
+    int nvmlDeviceGetHandleByIndex_v2(unsigned i, void** h) {
+        if (!inited || i >= 2) return 2; *h = (void*)(size_t)(0x1000 + i); return fail("handle"); }
+    static long idx(void* h) { return (long)(size_t)h - 0x1000; }
+    int nvmlDeviceGetName(void* h, char* buf, unsigned len) {
+        const char* n = (mixed() && idx(h) == 1) ? "NVIDIA A100-SXM4-40GB" : "NVIDIA H100 80GB HBM3";
+        if (len < strlen(n) + 1) return 7; strcpy(buf, n); return fail("name"); }
+    int nvmlDeviceGetUUID(void* h, char* buf, unsigned len) {
+        if (len < 41) return 7; strcpy(buf, idx(h) ? "GPU-bbbbbbbb-1111-2222-3333-444444444444"
+                                                   : "GPU-aaaaaaaa-1111-2222-3333-444444444444");
+        return fail("uuid"); }
+    int nvmlDeviceGetCudaComputeCapability(void* h, int* major, int* minor) {
+        *major = (mixed() && idx(h) == 1) ? 8 : 9; *minor = 0; return fail("capability"); }
+    int nvmlDeviceGetMemoryInfo(void* h, mem_t* m) {
+        m->total = (mixed() && idx(h) == 1) ? (40ULL << 30) : (80ULL << 30);
+        m->free = m->total; m->used = 0; return fail("memory"); }
+    """
+)
+
+
+@pytest.fixture(scope="session")
+def fake_nvml(tmp_path_factory):
+    """The path of a stand-in libnvidia-ml.so (FAKE_NVML), compiled once for the session."""
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        pytest.skip("needs a C compiler")
+    d = tmp_path_factory.mktemp("fake_nvml")
+    (d / "fake.c").write_text(FAKE_NVML)
+    lib = d / "libfake-nvml.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(d / "fake.c")], check=True)
+    return str(lib)
+
+
 @pytest.fixture(autouse=True)
 def _no_ccache(monkeypatch):
     """Tests count compiler runs; ccache (when installed) would add preprocessor runs."""

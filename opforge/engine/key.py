@@ -31,7 +31,7 @@ from .. import compat
 from ..compat import TorchFacts
 from ..errors import ToolchainError
 from ..settings import Settings
-from . import toolchain, torch_record
+from . import gpu_record, toolchain, torch_record
 from .relocate import Places, choose_root
 from .toolchain import Tool
 
@@ -189,16 +189,15 @@ def cuda_arch_key(settings: Settings, extra_cuda_cflags: tuple[str, ...]) -> str
     """What decides the CUDA archs of a build, as torch decides them.
 
     Explicit ``-gencode``/``-arch`` flags win (they are in the key already); then
-    ``TORCH_CUDA_ARCH_LIST``; then the capabilities of the visible GPUs.
+    ``TORCH_CUDA_ARCH_LIST``; then the capabilities of the visible GPUs, from NVML or the cache's record of
+    it, without initialising CUDA (``gpu_record.py``).
     """
     if any(f.startswith(("-gencode", "-arch", "--generate-code", "--gpu-architecture")) for f in extra_cuda_cflags):
         return "flags"
     if settings.cuda_arch_list:
         return "list:" + settings.cuda_arch_list
-    import torch
-
-    if torch.cuda.is_available():
-        caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+    caps = gpu_record.visible_capabilities(settings.cache_dir, settings.cuda_visible_devices, settings.cuda_device_order)
+    if caps:
         return "visible:" + ";".join(f"{a}.{b}" for a, b in caps)
     return "none"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import textwrap
@@ -72,3 +73,51 @@ def test_load_inline_with_cuda_sources(cache_dir):
                               functions=["neg"])
     x = torch.randn(4097, device="cuda")
     torch.testing.assert_close(mod.neg(x), -x)
+
+
+WARM_WITHOUT_CUDA = textwrap.dedent("""
+    import json, sys, time
+    t = time.perf_counter()
+    import opforge
+    m = opforge.load("axpb_ext", [SOURCES], extra_cuda_cflags=["-O2"])
+    took = time.perf_counter() - t
+    import torch
+    with open("/proc/self/maps") as f:
+        driver = "libcuda.so" in f.read()
+    state = {"took": took, "initialized": torch.cuda.is_initialized(), "driver_loaded": driver}
+    x = torch.randn(4099, device="cuda")
+    state["err"] = float((m.axpb(x, 0.5) - (2.0 * x + 0.5)).abs().max())
+    print(json.dumps(state))
+""")
+
+
+def test_a_warm_cuda_load_with_no_arch_list_leaves_cuda_alone(cuda_src, cache_dir, monkeypatch):
+    """Issue 60, item 2: TORCH_CUDA_ARCH_LIST unset (the default), the key's GPUs come from NVML or the cache's
+    record of it: a warm load neither initialises CUDA nor loads the driver's libcuda, in a script that never
+    imported torch, and takes milliseconds (it took 200 ms on the H200 host through torch.cuda.is_available)."""
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    sources = f"{str(cuda_src / 'axpb.cpp')!r}, {str(cuda_src / 'axpb_kernel.cu')!r}"
+    code = WARM_WITHOUT_CUDA.replace("SOURCES", sources)
+    env = {"OPFORGE_CACHE_DIR": str(cache_dir)}
+    cold = run_python(code, env=env, timeout=900)
+    assert cold.returncode == 0, cold.stderr
+    for _ in range(2):  # the first warm process may record NVML's answer; the second reads it
+        warm = run_python(code, env=env)
+        assert warm.returncode == 0, warm.stderr
+        state = json.loads(warm.stdout.strip().splitlines()[-1])
+        assert state["err"] < 1e-5
+        assert not state["initialized"] and not state["driver_loaded"], state
+    assert state["took"] < 3.0  # opforge's import, torch's (which the module needs) and the load
+    patched = run_python(textwrap.dedent(f"""
+        import torch
+        def forbidden(*a, **k):
+            raise AssertionError("the warm load asked the CUDA runtime")
+        torch.cuda.is_available = torch.cuda.device_count = torch.cuda.get_device_capability = forbidden
+        torch.cuda._lazy_init = forbidden
+        import time, opforge
+        t = time.perf_counter()
+        opforge.load("axpb_ext", [{sources}], extra_cuda_cflags=["-O2"])
+        print((time.perf_counter() - t) * 1e3)
+    """), env=env)
+    assert patched.returncode == 0, patched.stderr
+    assert float(patched.stdout.split()[-1]) < 20  # ms, torch imported first: the target is 5

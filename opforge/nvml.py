@@ -1,4 +1,4 @@
-"""List the visible NVIDIA GPUs through NVML, without initialising CUDA.
+"""List the visible NVIDIA GPUs through NVML, without initialising CUDA (a leaf: stdlib only, below the engine).
 
 ``torch.cuda.get_device_capability()`` (and ``device_count()`` where NVML is unusable)
 initialises CUDA in the calling process; a process that has done so cannot use CUDA in
@@ -126,26 +126,74 @@ def _read(nvml, i: int) -> NvmlGpu:
     return NvmlGpu(i, name_s, uuid_s, (major.value, minor.value), mem.total)
 
 
-def query(
-    visible_devices: str | None, lib: str = "libnvidia-ml.so.1", device_order: str | None = None
-) -> list[NvmlGpu] | None:
-    """None when NVML can't be used (no driver / library / nvmlInit fails); else the GPUs.
+LIBRARY = "libnvidia-ml.so.1"
+"""The NVML library ``listed`` opens by default (a test points this at a stand-in)."""
 
-    ``device_order`` is ``CUDA_DEVICE_ORDER``; see the module docstring for why it matters.
-    """
+
+def listed(lib: str | None = None) -> list[NvmlGpu] | None:
+    """Every GPU NVML lists, in its order (PCI bus order), before ``CUDA_VISIBLE_DEVICES``; None when NVML
+    can't be used (no driver, no library, ``nvmlInit`` or a later call fails)."""
     try:
-        nvml = _load(lib)
+        nvml = _load(lib or LIBRARY)
         _ok(nvml.nvmlInit_v2())
     except _ERRORS:
         return None
     try:
         count = _u()
         _ok(nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)))
-        gpus = [_read(nvml, i) for i in range(count.value)]
+        return [_read(nvml, i) for i in range(count.value)]
     except _ERRORS:
         return None
     finally:
         nvml.nvmlShutdown()
+
+
+def arrange(visible_devices: str | None, gpus: list[NvmlGpu], device_order: str | None = None) -> list[NvmlGpu] | None:
+    """The GPUs CUDA will see, numbered as CUDA numbers them, from NVML's list (pure); None when CUDA's
+    numbering can't be known: mixed GPUs under ``CUDA_DEVICE_ORDER``'s default (FASTEST_FIRST).
+
+    >>> a = NvmlGpu(0, "H100", "GPU-a", (9, 0), 80 << 30)
+    >>> b = NvmlGpu(1, "A100", "GPU-b", (8, 0), 40 << 30)
+    >>> [g.uuid for g in arrange("1", [a, b], "PCI_BUS_ID")], arrange("1", [a, b])
+    (['GPU-b'], None)
+    """
     if device_order != "PCI_BUS_ID" and len({(g.name, g.capability, g.memory_bytes) for g in gpus}) > 1:
         return None  # FASTEST_FIRST may number mixed GPUs differently from NVML
     return select(visible_devices, gpus)
+
+
+def visible_capabilities(visible_devices: str | None, gpus: list[NvmlGpu],
+                         device_order: str | None = None) -> tuple[tuple[int, int], ...] | None:
+    """The distinct compute capabilities of the GPUs CUDA will see, sorted (pure): what a build for "the
+    visible GPUs" targets. Their order doesn't matter, so mixed GPUs under FASTEST_FIRST are answered too
+    when the set doesn't depend on the numbering (every GPU visible, or none named by an index). None when
+    it can't be known: a MIG instance (NVML lists its parent, not it), or indices into a numbering NVML
+    can't predict.
+
+    >>> a = NvmlGpu(0, "H100", "GPU-a", (9, 0), 80 << 30)
+    >>> b = NvmlGpu(1, "A100", "GPU-b", (8, 0), 40 << 30)
+    >>> visible_capabilities(None, [a, b]), visible_capabilities("GPU-b", [a, b]), visible_capabilities("1", [a, b])
+    (((8, 0), (9, 0)), ((8, 0),), None)
+    >>> visible_capabilities("MIG-1234", [a]), visible_capabilities("", [a, b]), visible_capabilities(None, [])
+    (None, (), ())
+    """
+    entries = [e.strip() for e in visible_devices.split(",")] if visible_devices is not None else []
+    if any(e.startswith("MIG-") for e in entries):
+        return None
+    chosen = arrange(visible_devices, gpus, device_order)
+    if chosen is None and not any(_INDEX.match(e) for e in entries):  # no index: CUDA's numbering doesn't matter
+        chosen = select(visible_devices, gpus)
+    if chosen is None:
+        return None
+    return tuple(sorted({g.capability for g in chosen}))
+
+
+def query(
+    visible_devices: str | None, lib: str | None = None, device_order: str | None = None
+) -> list[NvmlGpu] | None:
+    """None when NVML can't be used (no driver / library / nvmlInit fails); else the GPUs CUDA will see.
+
+    ``device_order`` is ``CUDA_DEVICE_ORDER``; see the module docstring for why it matters.
+    """
+    gpus = listed(lib)
+    return None if gpus is None else arrange(visible_devices, gpus, device_order)
