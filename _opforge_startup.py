@@ -45,14 +45,11 @@ def uninstall() -> None:
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Finder)]
 
 
-def _patch() -> None:
-    from opforge import patch
-
-    patch.patch_by_setting()
-
-
 class _Finder:
-    """Finds nothing itself: wraps the loader the other finders give for :data:`TARGET`."""
+    """Finds nothing itself: gives the spec the other finders give :data:`TARGET` opforge's loader
+    (``opforge.patch.loader_by_setting``: the stand-in's, or torch's then the patch), then leaves
+    ``sys.meta_path``. A bad value of the variable fails that import (a ``ValueError``), and the next one the
+    same way."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != TARGET:
@@ -63,7 +60,12 @@ class _Finder:
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader)
+                    from opforge import patch
+
+                    loader = patch.loader_by_setting(spec.loader)
+                    if loader is not None:
+                        spec.loader = loader
+                uninstall()
                 return spec
         return None
 
@@ -71,19 +73,7 @@ class _Finder:
         pass
 
 
-class _PatchingLoader:
-    """torch's own loader, then the patch, before the module is handed to its importer."""
+def _patch() -> None:
+    from opforge import patch
 
-    def __init__(self, loader):
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        self._loader.exec_module(module)
-        _patch()  # a ValueError (a bad OPFORGE_PATCH_TORCH) fails this import, and the next one the same way
-        uninstall()
-
-    def __getattr__(self, name):  # get_source, get_filename, is_package, ...: torch's loader's
-        return getattr(self._loader, name)
+    patch.patch_by_setting()

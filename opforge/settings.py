@@ -24,6 +24,26 @@ DEFAULT_CACHE_MAX_SIZE = 10 * 2**30
 
 
 @dataclass(frozen=True)
+class TorchEnv:
+    """The variables ``torch.utils.cpp_extension`` reads for the values a library asks of it at a warm start
+    (``CUDA_HOME``, ``include_paths``, ``_get_build_directory``...), as raw as torch reads them (unset is None,
+    empty is ""), for the patch's stand-in of that module (``opforge/patch/answers.py``)."""
+
+    cuda_home: str | None = None
+    """``CUDA_HOME``"""
+    cuda_path: str | None = None
+    """``CUDA_PATH``"""
+    cudnn_home: str | None = None
+    """``CUDNN_HOME``"""
+    cudnn_path: str | None = None
+    """``CUDNN_PATH``"""
+    cuda_inc_path: str | None = None
+    """``CUDA_INC_PATH``"""
+    extensions_dir: str | None = None
+    """``TORCH_EXTENSIONS_DIR``"""
+
+
+@dataclass(frozen=True)
 class Settings:
     """A snapshot of the environment, as opforge understands it."""
 
@@ -125,6 +145,9 @@ class Settings:
     opforge for every library that calls them, from the first import of ``torch.utils.cpp_extension`` on,
     with no ``import opforge`` (the startup hook, ``opforge-patch-torch.pth``); ``0`` or unset: off; any
     other value is an error. ``opforge.patch_torch()`` does it in code (``opforge/patch.py``)."""
+
+    torch_env: TorchEnv = TorchEnv()
+    """What torch's ``cpp_extension`` reads of the environment (see :class:`TorchEnv`)."""
 
     remote_cache: str | None = None
     """``OPFORGE_REMOTE_CACHE``: an fsspec URL (``s3://bucket/opforge``, ``webdav://host/opforge``,
@@ -316,6 +339,8 @@ def current(env: Mapping[str, str] | None = None) -> Settings:
         block_sparse_overlap=(env.get("OPFORGE_BLOCK_SPARSE_OVERLAP") or "1").strip().lower()
         not in ("0", "false", "no", "off"),
         patch_torch=_patch_torch(env.get("OPFORGE_PATCH_TORCH")),
+        torch_env=TorchEnv(env.get("CUDA_HOME"), env.get("CUDA_PATH"), env.get("CUDNN_HOME"), env.get("CUDNN_PATH"),
+                           env.get("CUDA_INC_PATH"), env.get("TORCH_EXTENSIONS_DIR")),
     )
 
 
