@@ -10,4 +10,4 @@ same kinds, in the same order; tests/cli/test_cli_imports.py checks it).
 """
 
 #: The families ``opforge bench`` times: the keys of ``suites.SUITES``, known without importing torch.
-KINDS = ("cpu_adam", "bias_act", "block_sparse", "block_sparse_decode")
+KINDS = ("cpu_adam", "bias_act", "block_sparse", "block_sparse_decode", "warm_start")

@@ -27,13 +27,16 @@ class Options:
 @dataclass(frozen=True)
 class Impl:
     """One implementation of a case. ``call`` runs it once (the timed unit); ``output`` returns
-    what its last call computed, for the check (default: ``call``'s return value)."""
+    what its last call computed, for the check (default: ``call``'s return value). ``sample``: an
+    implementation that times itself (a new process reporting its own window): each sample is what one
+    call of it returns, in seconds, and the runner's clock is not used."""
 
     name: str
     role: str
     call: Callable[[], object]
     output: Callable[[], object] | None = None
     note: str = ""
+    sample: Callable[[], float] | None = None
 
     def __post_init__(self):
         if self.role not in (OPFORGE, PEER):

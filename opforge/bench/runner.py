@@ -18,7 +18,7 @@ import torch
 
 from .model import OPFORGE, Case, CaseResult, Check, FamilyResult, Options, Row
 from .suites import SUITES
-from .timing import Plan, measure
+from .timing import Plan, Timing, measure
 
 
 def one_line(exc: BaseException) -> str:
@@ -79,8 +79,14 @@ def run_case(case: Case, device: torch.device, plan: Plan) -> CaseResult:
             err = rel_err(outputs[impl.name], ref)
             checks[impl.name] = Check(err <= case.tol, err, case.tol, case.baseline)
     del outputs, ref
-    live = {i.name: i.call for i in case.impls if i.name not in errors}
+    live = {i.name: i.call for i in case.impls if i.name not in errors and i.sample is None}
     timings = measure(live, device, plan) if live else {}
+    for impl in case.impls:
+        if impl.name not in errors and impl.sample is not None:
+            try:
+                timings[impl.name] = Timing(tuple(impl.sample() for _ in range(plan.repeats)), 1)
+            except Exception as exc:  # noqa: BLE001 - reported in the row, as a failed first call is
+                errors[impl.name] = one_line(exc)
     base = timings.get(case.baseline)
     rows = []
     for impl in case.impls:

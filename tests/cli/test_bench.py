@@ -265,7 +265,7 @@ def check_real_run(doc: dict, devices: set[str]) -> None:
     validate(doc)
     assert doc["options"]["quick"] and not doc["options"]["compile"]
     ran = {(f["kind"], f["device"]) for f in doc["families"] if f["status"] == "ok"}
-    expected = {("cpu_adam", "cpu"), ("bias_act", "cpu"), ("block_sparse", "cpu")} | \
+    expected = {("cpu_adam", "cpu"), ("bias_act", "cpu"), ("block_sparse", "cpu"), ("warm_start", "cpu")} | \
         ({("bias_act", "cuda"), ("block_sparse", "cuda"), ("block_sparse_decode", "cuda")} if "cuda" in devices
          else set())
     assert ran == expected, [(f["kind"], f["device"], f["reason"]) for f in doc["families"]]

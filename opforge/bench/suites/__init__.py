@@ -7,7 +7,9 @@ from .bias_act import BiasActSuite
 from .block_sparse import BlockSparseSuite
 from .block_sparse_decode import BlockSparseDecodeSuite
 from .cpu_adam import CPUAdamSuite
+from .warm_start import WarmStartSuite
 
-SUITES: dict[str, type[Suite]] = {s.kind: s for s in (CPUAdamSuite, BiasActSuite, BlockSparseSuite, BlockSparseDecodeSuite)}
+SUITES: dict[str, type[Suite]] = {s.kind: s for s in (CPUAdamSuite, BiasActSuite, BlockSparseSuite, BlockSparseDecodeSuite,
+                                                        WarmStartSuite)}
 
 __all__ = ["SUITES", "Suite"]
