@@ -21,14 +21,15 @@ GPU hosts only, picked by ``--case`` or when NVML lists a GPU):
 * ``load_cpu_after_torch`` and ``load_cpu_cxx`` (cpu): the same with torch imported first, where the load call
   is opforge's alone; the second with ``CXX`` a wrapper script (as ccache users and compiler-counting CI
   jobs set it);
-* ``load_cuda`` (cuda): the same for ``examples/cuda_ext`` (a ``.cu`` kernel); also whether the load left CUDA
-  uninitialised;
+* ``load_cuda`` and ``load_cuda_after_torch`` (cuda): the same for ``examples/cuda_ext`` (a ``.cu`` kernel), the
+  window closed with the module loaded (the op's first call would add CUDA's start for both); also whether the
+  load initialised CUDA;
 * ``patched_load`` (cpu): ``from torch.utils.cpp_extension import load; load(...)`` of the same extension,
   under the patch against torch alone;
 * ``stylegan`` (cpu): StyleGAN's plugin pattern, ``load(...)`` then ``importlib.import_module(name)`` (torch
   2.x's loader leaves nothing in ``sys.modules``: torch's row is its error);
-* ``seed_op`` (cpu, cuda): ``from op import fused_leaky_relu, upfirdn2d``, a package that loads two extensions
-  at its import (``bench/warm_start_op``, in the style of rosinality/stylegan2-pytorch; CPU kernels on
+* ``seed_op`` (cpu, cuda): ``from op import fused_leaky_relu, upfirdn2d`` (the window), a package that loads two
+  extensions at its import (``bench/warm_start_op``, in the style of rosinality/stylegan2-pytorch; CPU kernels on
   ``cpu``, CUDA ones on ``cuda``);
 * ``ds_cpu_adam`` and ``ds_cpu_adam_cxx`` (cpu): DeepSpeed's ``CPUAdamBuilder().load()``, without and with
   ``CXX`` a wrapper script (as ccache users and compiler-counting CI jobs set it); ``load_s`` is the
@@ -121,6 +122,13 @@ def cxx_wrapper(work: str) -> str:
     return wrapper
 
 
+CUDA_TAIL = ("T1 = _time.perf_counter()\nimport torch\nINIT = torch.cuda.is_initialized()\n"
+             "x = torch.arange(-6, 6, dtype=torch.float32, device='cuda')\nRESULT = M.axpb(x, 0.5).tolist()\n"
+             "EXTRA = {'load_s': T_L1 - T_L, 'cuda_initialised_by_load': INIT}\n")
+"""A CUDA case's end: the window closes with the module loaded (the op's first call would add CUDA's start,
+the same for both loaders); whether the load initialised CUDA, and the op's result for the check, after it."""
+
+
 @case("load_cuda", "cuda", "opforge.load of a .cu extension, TORCH_CUDA_ARCH_LIST unset, no torch before it")
 def load_cuda(work):
     sources = repr(CUDA_EXT)
@@ -128,10 +136,17 @@ def load_cuda(work):
              f"T_L = _time.perf_counter()\nM = load('axpb_ext', {sources})\nT_L1 = _time.perf_counter()\n")
     ours = (START + "import opforge\n"
             f"T_L = _time.perf_counter()\nM = opforge.load('axpb_ext', {sources})\nT_L1 = _time.perf_counter()\n")
-    tail = ("import torch\nINIT = torch.cuda.is_initialized()\n"
-            "x = torch.arange(-6, 6, dtype=torch.float32, device='cuda')\nRESULT = M.axpb(x, 0.5).tolist()\n"
-            "T1 = _time.perf_counter()\nEXTRA = {'load_s': T_L1 - T_L, 'cuda_initialised_by_load': INIT}\n")
-    return {"torch": torch + tail, "opforge": ours + tail, "patch": False}
+    return {"torch": torch + CUDA_TAIL, "opforge": ours + CUDA_TAIL, "patch": False}
+
+
+@case("load_cuda_after_torch", "cuda", "opforge.load of a .cu extension, TORCH_CUDA_ARCH_LIST unset, torch first")
+def load_cuda_after_torch(work):
+    sources = repr(CUDA_EXT)
+    torch = (AFTER_TORCH + "from torch.utils.cpp_extension import load\n"
+             f"T_L = _time.perf_counter()\nM = load('axpb_ext', {sources})\nT_L1 = _time.perf_counter()\n")
+    ours = (AFTER_TORCH + "import opforge\n"
+            f"T_L = _time.perf_counter()\nM = opforge.load('axpb_ext', {sources})\nT_L1 = _time.perf_counter()\n")
+    return {"torch": torch + CUDA_TAIL, "opforge": ours + CUDA_TAIL, "patch": False}
 
 
 @case("patched_load", "cpu", "from torch.utils.cpp_extension import load; load(...), under the patch")
@@ -159,11 +174,10 @@ def seed_op(work, cuda=False):
             f.write(f"CUDA = {cuda!r}\n")
     device = "'cuda'" if cuda else "'cpu'"
     code = (AFTER_TORCH + f"import sys\nsys.path.insert(0, {dst!r})\n"
-            "from op import fused_leaky_relu, upfirdn2d\n"
+            "from op import fused_leaky_relu, upfirdn2d\nT1 = _time.perf_counter()\n"
             f"x = torch.arange(-8, 8, dtype=torch.float32, device={device}).reshape(1, 2, 2, 4)\n"
             f"b = torch.tensor([0.5, -0.25], device={device})\n"
-            "RESULT = fused_leaky_relu(x, b).flatten().tolist() + upfirdn2d(x).flatten().tolist()\n"
-            "T1 = _time.perf_counter()\n")
+            "RESULT = fused_leaky_relu(x, b).flatten().tolist() + upfirdn2d(x).flatten().tolist()\n")
     return {"torch": code, "opforge": code, "patch": True}
 
 
@@ -240,14 +254,16 @@ def colossalai(work, sdist=None):
             members = [m for m in tar.getmembers() if m.name.startswith(f"{top}/extensions/")]
             tar.extractall(dst, members=members, filter="data")
         os.rename(os.path.join(dst, top, "extensions"), os.path.join(dst, "extensions"))
-    folder = os.path.join(work, "colossalai-jit")
-    code = (AFTER_TORCH + f"import sys\nsys.path.insert(0, {dst!r})\n"
-            "from extensions.base_extension import _Extension\n"
-            f"_Extension.get_jit_extension_folder_path = staticmethod(lambda: {folder!r})\n"
-            "from extensions.pybind.cpu_adam.cpu_adam_x86 import CpuAdamX86Extension\n"
-            "M = CpuAdamX86Extension().build_jit()\nRESULT = [float(hasattr(M, 'CPUAdamOptimizer'))]\n"
-            "T1 = _time.perf_counter()\n")
-    return {"torch": code, "opforge": code, "patch": True}
+    def code(loader: str) -> str:  # a JIT folder each: torch's ninja runs in it (build_directory), opforge's may
+        folder = os.path.join(work, f"colossalai-jit-{loader}")
+        return (AFTER_TORCH + f"import sys\nsys.path.insert(0, {dst!r})\n"
+                "from extensions.base_extension import _Extension\n"
+                f"_Extension.get_jit_extension_folder_path = staticmethod(lambda: {folder!r})\n"
+                "from extensions.pybind.cpu_adam.cpu_adam_x86 import CpuAdamX86Extension\n"
+                "M = CpuAdamX86Extension().build_jit()\nRESULT = [float(hasattr(M, 'CPUAdamOptimizer'))]\n"
+                "T1 = _time.perf_counter()\n")
+
+    return {"torch": code("torch"), "opforge": code("opforge"), "patch": True}
 
 
 def child_env(work: str, loader: str, spec: dict) -> dict:

@@ -126,6 +126,7 @@ def store(tmp_path):
 
 
 def test_a_pulled_remote_entry_loads_without_torch(monkeypatch, tmp_path, store, make_pymod):
+    pytest.importorskip("cryptography")  # opforge[remote]
     from opforge.engine import remote_fs, signing
 
     secret, public = signing.keygen("tf-node", str(tmp_path / "keys"))
