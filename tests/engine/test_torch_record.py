@@ -121,3 +121,23 @@ def test_a_cpu_build_in_a_fresh_process_has_torchs_flags_without_importing_it(tm
     assert not there["imported"]
     assert (tuple(there["cflags"]), tuple(there["ldflags"])) == (here.cflags, here.ldflags)
     assert json.loads(record.read_text())["std"] in here.cflags
+
+
+def test_a_warm_process_that_imported_torch_reads_no_torch_file_but_the_record(tmp_path, monkeypatch):
+    """Issue 60, item 4: with torch imported, a warm load's facts cost a stat of each of torch's files and a read of
+    the record: torch's version.py is read (to check that disk still holds the imported torch) only when the
+    record says otherwise, and only torch's own location is resolved (a realpath of each file cost 0.1 ms, the
+    exec of version.py another 0.15)."""
+    import opforge
+
+    cache = str(tmp_path / "cache")
+    reads, resolved = [], []
+    real_version, real_realpath = torch_record._on_disk_version, os.path.realpath
+    monkeypatch.setattr(torch_record, "_on_disk_version", lambda root: reads.append(root) or real_version(root))
+    first = torch_record.torch_facts(cache)  # the record is written: torch's version.py read once
+    assert len(reads) == 1
+    opforge.reset()  # as a new process
+    monkeypatch.setattr(os.path, "realpath", lambda p, **k: resolved.append(p) or real_realpath(p, **k))
+    assert torch_record.torch_facts(cache) == first
+    assert len(reads) == 1
+    assert [os.path.basename(p) for p in resolved] == ["__init__.py"]  # where torch lies (compat), not each file
