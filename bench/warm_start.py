@@ -85,24 +85,29 @@ def case(name, device, doc):
     return register
 
 
+def timed_loads(prelude: str, name: str, sources: str) -> dict[str, str]:
+    """Each loader's script that times one load of ``name`` (``sources``: a Python expression) after ``prelude``:
+    torch's ``load`` (imported from its module) and ``opforge.load`` (after ``import opforge``)."""
+    scripts = {}
+    for loader, imports, call in (("torch", "from torch.utils.cpp_extension import load\n", "load"),
+                                  ("opforge", "import opforge\n", "opforge.load")):
+        scripts[loader] = (prelude + imports + f"T_L = _time.perf_counter()\nM = {call}({name!r}, {sources})\n"
+                           "T_L1 = _time.perf_counter()\n")
+    return scripts
+
+
 @case("load_cpu", "cpu", "opforge.load, the script never imports torch")
 def load_cpu(work):
-    torch = (START + "from torch.utils.cpp_extension import load\n"
-             f"T_L = _time.perf_counter()\nM = load('demo_ext', [{DEMO!r}])\nT_L1 = _time.perf_counter()\n")
-    ours = (START + "import opforge\n"
-            f"T_L = _time.perf_counter()\nM = opforge.load('demo_ext', [{DEMO!r}])\nT_L1 = _time.perf_counter()\n")
+    scripts = timed_loads(START, "demo_ext", repr([DEMO]))
     tail = "import torch\n" + CHECK_DEMO + "T1 = _time.perf_counter()\nEXTRA = {'load_s': T_L1 - T_L}\n"
-    return {"torch": torch + tail, "opforge": ours + tail, "patch": False}
+    return {"torch": scripts["torch"] + tail, "opforge": scripts["opforge"] + tail, "patch": False}
 
 
 @case("load_cpu_after_torch", "cpu", "opforge.load, torch imported first (the load call is the measure)")
 def load_cpu_after_torch(work):
-    torch = (AFTER_TORCH + "from torch.utils.cpp_extension import load\n"
-             f"T_L = _time.perf_counter()\nM = load('demo_ext', [{DEMO!r}])\nT_L1 = _time.perf_counter()\n")
-    ours = (AFTER_TORCH + "import opforge\n"
-            f"T_L = _time.perf_counter()\nM = opforge.load('demo_ext', [{DEMO!r}])\nT_L1 = _time.perf_counter()\n")
+    scripts = timed_loads(AFTER_TORCH, "demo_ext", repr([DEMO]))
     tail = CHECK_DEMO + "T1 = _time.perf_counter()\nEXTRA = {'load_s': T_L1 - T_L}\n"
-    return {"torch": torch + tail, "opforge": ours + tail, "patch": False}
+    return {"torch": scripts["torch"] + tail, "opforge": scripts["opforge"] + tail, "patch": False}
 
 
 @case("load_cpu_cxx", "cpu", "opforge.load, torch imported first, CXX a wrapper script")
@@ -131,29 +136,20 @@ the same for both loaders); whether the load initialised CUDA, and the op's resu
 
 @case("load_cuda", "cuda", "opforge.load of a .cu extension, TORCH_CUDA_ARCH_LIST unset, no torch before it")
 def load_cuda(work):
-    sources = repr(CUDA_EXT)
-    torch = (START + "from torch.utils.cpp_extension import load\n"
-             f"T_L = _time.perf_counter()\nM = load('axpb_ext', {sources})\nT_L1 = _time.perf_counter()\n")
-    ours = (START + "import opforge\n"
-            f"T_L = _time.perf_counter()\nM = opforge.load('axpb_ext', {sources})\nT_L1 = _time.perf_counter()\n")
-    return {"torch": torch + CUDA_TAIL, "opforge": ours + CUDA_TAIL, "patch": False}
+    scripts = timed_loads(START, "axpb_ext", repr(CUDA_EXT))
+    return {"torch": scripts["torch"] + CUDA_TAIL, "opforge": scripts["opforge"] + CUDA_TAIL, "patch": False}
 
 
 @case("load_cuda_after_torch", "cuda", "opforge.load of a .cu extension, TORCH_CUDA_ARCH_LIST unset, torch first")
 def load_cuda_after_torch(work):
-    sources = repr(CUDA_EXT)
-    torch = (AFTER_TORCH + "from torch.utils.cpp_extension import load\n"
-             f"T_L = _time.perf_counter()\nM = load('axpb_ext', {sources})\nT_L1 = _time.perf_counter()\n")
-    ours = (AFTER_TORCH + "import opforge\n"
-            f"T_L = _time.perf_counter()\nM = opforge.load('axpb_ext', {sources})\nT_L1 = _time.perf_counter()\n")
-    return {"torch": torch + CUDA_TAIL, "opforge": ours + CUDA_TAIL, "patch": False}
+    scripts = timed_loads(AFTER_TORCH, "axpb_ext", repr(CUDA_EXT))
+    return {"torch": scripts["torch"] + CUDA_TAIL, "opforge": scripts["opforge"] + CUDA_TAIL, "patch": False}
 
 
 @case("patched_load", "cpu", "from torch.utils.cpp_extension import load; load(...), under the patch")
 def patched_load(work):
-    code = (AFTER_TORCH + "from torch.utils.cpp_extension import load\n"
-            f"T_L = _time.perf_counter()\nM = load('demo_ext', [{DEMO!r}])\nT_L1 = _time.perf_counter()\n"
-            + CHECK_DEMO + "T1 = _time.perf_counter()\nEXTRA = {'load_s': T_L1 - T_L}\n")
+    code = timed_loads(AFTER_TORCH, "demo_ext", repr([DEMO]))["torch"]  # torch's script, under the patch or not
+    code += CHECK_DEMO + "T1 = _time.perf_counter()\nEXTRA = {'load_s': T_L1 - T_L}\n"
     return {"torch": code, "opforge": code, "patch": True}
 
 
