@@ -58,10 +58,10 @@ def test_a_module_that_needs_none_of_torch_is_imported_without_it(cache_dir, mak
 
 def test_load_inline_warm_without_torch(cache_dir):
     source = pymod_source("tf_inline", 8)
-    assert opforge.load_inline("tf_inline", source, extra_ldflags=LINKED).value() == 8
+    assert opforge.load_inline("tf_inline", source, extra_ldflags=LINKED, no_implicit_headers=True).value() == 8
     got = _fresh(f"""
         import opforge
-        VALUE = opforge.load_inline("tf_inline", {source!r}, extra_ldflags={LINKED!r}).value()
+        VALUE = opforge.load_inline("tf_inline", {source!r}, extra_ldflags={LINKED!r}, no_implicit_headers=True).value()
     """, {"OPFORGE_CACHE_DIR": str(cache_dir)})
     assert got == {"value": 8, "torch": True}
 
