@@ -54,20 +54,15 @@ class _Finder:
     def find_spec(self, fullname, path=None, target=None):
         if fullname != TARGET:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    from opforge import patch
+        from opforge.patch import loader_by_setting, stand_in
 
-                    loader = patch.loader_by_setting(spec.loader)
-                    if loader is not None:
-                        spec.loader = loader
-                uninstall()
-                return spec
-        return None
+        spec = stand_in.spec_from_others(self, fullname, path, target)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            loader = loader_by_setting(spec.loader)  # a bad value raises here, and this hook stays for the next try
+            if loader is not None:
+                spec.loader = loader
+        uninstall()
+        return spec
 
     def invalidate_caches(self) -> None:
         pass

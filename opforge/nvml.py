@@ -8,7 +8,7 @@ stays fork-safe. The caller passes in ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE
 (``opforge.settings`` reads the environment; this module does not).
 
 Index caveat: NVML numbers GPUs in PCI bus order; CUDA does too only when
-``CUDA_DEVICE_ORDER=PCI_BUS_ID``. Under the default (FASTEST_FIRST) ``query`` answers
+``CUDA_DEVICE_ORDER=PCI_BUS_ID``. Under the default (FASTEST_FIRST) ``arrange`` answers
 only when every GPU is the same model (same name, capability and memory), so that the
 numbering cannot change what a caller learns; otherwise it returns None.
 """
@@ -186,14 +186,3 @@ def visible_capabilities(visible_devices: str | None, gpus: list[NvmlGpu],
     if chosen is None:
         return None
     return tuple(sorted({g.capability for g in chosen}))
-
-
-def query(
-    visible_devices: str | None, lib: str | None = None, device_order: str | None = None
-) -> list[NvmlGpu] | None:
-    """None when NVML can't be used (no driver / library / nvmlInit fails); else the GPUs CUDA will see.
-
-    ``device_order`` is ``CUDA_DEVICE_ORDER``; see the module docstring for why it matters.
-    """
-    gpus = listed(lib)
-    return None if gpus is None else arrange(visible_devices, gpus, device_order)

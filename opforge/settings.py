@@ -41,6 +41,8 @@ class TorchEnv:
     """``CUDA_INC_PATH``"""
     extensions_dir: str | None = None
     """``TORCH_EXTENSIONS_DIR``"""
+    xdg_cache_home: str | None = None
+    """``XDG_CACHE_HOME`` (torch's default extensions dir is under it)"""
 
 
 @dataclass(frozen=True)
@@ -340,7 +342,7 @@ def current(env: Mapping[str, str] | None = None) -> Settings:
         not in ("0", "false", "no", "off"),
         patch_torch=_patch_torch(env.get("OPFORGE_PATCH_TORCH")),
         torch_env=TorchEnv(env.get("CUDA_HOME"), env.get("CUDA_PATH"), env.get("CUDNN_HOME"), env.get("CUDNN_PATH"),
-                           env.get("CUDA_INC_PATH"), env.get("TORCH_EXTENSIONS_DIR")),
+                           env.get("CUDA_INC_PATH"), env.get("TORCH_EXTENSIONS_DIR"), env.get("XDG_CACHE_HOME")),
     )
 
 
@@ -350,8 +352,12 @@ def build_request(var: str, env: Mapping[str, str] | None = None) -> str:
     return ((os.environ if env is None else env).get(var) or "").strip()
 
 
-def subprocess_env(**extra: str) -> dict[str, str]:
-    """The environment for a compiler subprocess: this process's, plus ``extra``."""
-    env = dict(os.environ)
+def subprocess_env(without: tuple[str, ...] = (), **extra: str) -> dict[str, str]:
+    """The environment for a subprocess: this process's, less the variables ``without``, plus ``extra``.
+
+    >>> "OPFORGE_PATCH_TORCH" in subprocess_env(("OPFORGE_PATCH_TORCH",), X_TEST="1")
+    False
+    """
+    env = {k: v for k, v in os.environ.items() if k not in without}
     env.update(extra)
     return env

@@ -26,8 +26,8 @@ import sys
 import threading
 
 from .. import nvml
-from ..files import atomic_write
 from ..process import forgets
+from . import torch_record
 
 PROC = "/proc/driver/nvidia"
 """Where the NVIDIA driver describes itself and the GPUs it has attached."""
@@ -73,15 +73,6 @@ def _read(path: str) -> list[nvml.NvmlGpu] | None:
         return None
 
 
-def _write(path: str, gpus: list[nvml.NvmlGpu]) -> None:
-    try:
-        for d in (os.path.dirname(os.path.dirname(path)), os.path.dirname(path)):
-            os.makedirs(d, mode=0o700, exist_ok=True)
-        atomic_write(path, json.dumps([dataclasses.asdict(g) for g in gpus], sort_keys=True), durable=False)
-    except OSError:
-        pass  # an unwritable cache only costs NVML's start next time
-
-
 def listed(cache_dir: str) -> list[nvml.NvmlGpu] | None:
     """NVML's list of this machine's GPUs (``nvml.listed``): from the cache's record of this GPU set where
     there is one, else asked of NVML and recorded. None when NVML can't be used."""
@@ -94,7 +85,7 @@ def listed(cache_dir: str) -> list[nvml.NvmlGpu] | None:
     if gpus is None:
         gpus = nvml.listed()
         if gpus is not None and path:
-            _write(path, gpus)
+            torch_record.write_record(path, [dataclasses.asdict(g) for g in gpus])
     with _LOCK:
         _SEEN[cache_dir] = gpus
     return gpus

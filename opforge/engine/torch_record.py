@@ -109,16 +109,18 @@ def _still_installed(facts: compat.TorchFacts) -> bool:
 
 def _record(path: str, facts: compat.TorchFacts) -> None:
     if _read(path) != facts:
-        _write(path, facts.to_json())
+        write_record(path, facts.to_json())
 
 
-def _write(path: str, data: dict) -> None:
+def write_record(path: str, data) -> None:
+    """``data`` as JSON at ``path``, a record under the cache's ``.tools`` (its root and ``.tools`` made 0700, as
+    the engine makes them, whatever the umask), atomically; an unwritable cache only costs the record."""
     try:
         for d in (os.path.dirname(os.path.dirname(path)), os.path.dirname(path)):  # the cache's root first, as
             os.makedirs(d, mode=0o700, exist_ok=True)  # the engine makes it: 0700 whatever the umask
         atomic_write(path, json.dumps(data, sort_keys=True), durable=False)
     except OSError:
-        pass  # an unwritable cache only costs the import next time
+        pass
 
 
 def cpu_build(cache_dir: str, facts: compat.TorchFacts, ask_torch) -> dict:
@@ -139,7 +141,7 @@ def cpu_build(cache_dir: str, facts: compat.TorchFacts, ask_torch) -> dict:
         return recorded
     data = ask_torch()
     if data != recorded and _still_installed(facts):
-        _write(path, data)
+        write_record(path, data)
     return data
 
 
@@ -166,10 +168,10 @@ def torch_facts(cache_dir: str) -> compat.TorchFacts:
         facts = compat.torch_facts()
         path = record_path(cache_dir, identity(facts.root))
         if _read(path) != facts and _still_installed(facts):
-            _write(path, facts.to_json())
+            write_record(path, facts.to_json())
     with _LOCK:
         _SEEN[cache_dir] = facts
     return facts
 
 
-__all__ = ["cpu_build", "identity", "record_path", "torch_facts"]
+__all__ = ["cpu_build", "identity", "record_path", "torch_facts", "write_record"]

@@ -56,6 +56,20 @@ def offered(torch) -> str:
     return ""
 
 
+def user_cache_dir(appname: str, xdg_cache_home: str | None) -> str:
+    """``torch._appdirs.user_cache_dir(appname=...)`` (torch's private copy of appdirs) where torch has it; else what
+    it gives on Linux, ``$XDG_CACHE_HOME`` (``xdg_cache_home``) or ``~/.cache``, then the name (a test compares them)."""
+    try:
+        from torch import _appdirs
+    except ImportError:
+        return linux_cache_dir(appname, xdg_cache_home)
+    return _appdirs.user_cache_dir(appname=appname)
+
+
+def linux_cache_dir(appname: str, xdg_cache_home: str | None) -> str:
+    return os.path.join(xdg_cache_home or os.path.expanduser("~/.cache"), appname)
+
+
 class Answers:
     """torch's answers for a module file at ``origin`` (``.../torch/utils/cpp_extension.py``), under the
     environment of ``settings`` (read when the module is imported, as torch reads its constants then),
@@ -73,8 +87,7 @@ class Answers:
     # -- the constants (computed on first use, then kept as torch keeps them) --
 
     def cuda_home(self) -> str | None:
-        torch = self.torch
-        if not (torch.cuda._is_compiled() and torch.version.cuda):
+        if not self.torch.version.cuda:  # torch's test, torch.cuda._is_compiled() and version.cuda: a CUDA build
             return None
         home = self.env.cuda_home or self.env.cuda_path
         if home is None:
@@ -140,9 +153,7 @@ class Answers:
         torch = self.torch
         root = self.env.extensions_dir
         if root is None:
-            import torch._appdirs
-
-            root = os.path.realpath(torch._appdirs.user_cache_dir(appname="torch_extensions"))
+            root = os.path.realpath(user_cache_dir("torch_extensions", self.env.xdg_cache_home))
             accelerator = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda is not None else "cpu"
             python_version = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
             root = os.path.join(root, f"{python_version}_{accelerator}")
@@ -171,4 +182,4 @@ class Answers:
         return filepath
 
 
-__all__ = ["CHECKED", "LOGGER", "NAMES", "Answers", "offered"]
+__all__ = ["CHECKED", "LOGGER", "NAMES", "Answers", "linux_cache_dir", "offered", "user_cache_dir"]

@@ -57,26 +57,21 @@ class StandIn(types.ModuleType):
 
 
 class StandInLoader:
-    """The module's loader: the first ``exec_module`` makes the stand-in (``fill`` puts the answers in), a
-    later one (``importlib.reload``) runs torch's code as torch's loader would, then ``on_real``."""
+    """The module's loader: ``exec_module`` makes the stand-in (``fill`` puts the answers in); ``realize`` runs
+    torch's code with ``real``, torch's own loader, then ``on_real``."""
 
     def __init__(self, real, fill: Callable[[types.ModuleType], None], on_real: Callable[[types.ModuleType], None]):
         self.real = real
         self.fill = fill
         self.on_real = on_real
         self.lock = threading.RLock()
-        self.made = False
 
     def create_module(self, spec):
         return StandIn(spec.name)
 
     def exec_module(self, module) -> None:
         with self.lock:
-            if not self.made:
-                self.made = True
-                self.fill(module)
-                return
-        run_torch(module, self)
+            self.fill(module)
 
     def __getattr__(self, name):  # get_source, get_filename, is_package, get_code, ...: torch's loader's
         return getattr(self.real, name)
@@ -96,7 +91,7 @@ def realize(module) -> None:
         return
     with loader.lock:
         if isinstance(module, StandIn):
-            run_torch(module, loader)
+            _run_torch(module, loader)
 
 
 def _plain(module) -> None:
@@ -104,8 +99,8 @@ def _plain(module) -> None:
     module.__class__ = types.ModuleType
 
 
-def run_torch(module, loader: StandInLoader) -> None:
-    """torch's own code into ``module``, which becomes a plain module, then ``loader.on_real``."""
+def _run_torch(module, loader: StandInLoader) -> None:
+    """torch's own code into ``module`` (under ``loader.lock``), which becomes a plain module, then ``loader.on_real``."""
     with loader.lock:
         lazy = module.__dict__.pop("__opforge_lazy__", None)
         try:
@@ -165,4 +160,4 @@ def remove_finder(finder) -> None:
 
 
 __all__ = ["TARGET", "Finder", "StandIn", "StandInLoader", "install_finder", "is_stand_in", "realize",
-           "remove_finder", "run_torch", "spec_from_others"]
+           "remove_finder", "spec_from_others"]

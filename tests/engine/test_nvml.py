@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from opforge.nvml import NvmlGpu, query, select
+from opforge.nvml import NvmlGpu, arrange, listed, select
 
 GPUS = [
     NvmlGpu(0, "NVIDIA H100 80GB HBM3", "GPU-0a1b2c3d-0000-0000-0000-000000000000", (9, 0), 80 << 30),
@@ -54,6 +54,12 @@ def test_select_keeps_properties_and_leaves_input_alone():
     assert (gpu.name, gpu.capability, gpu.memory_bytes) == ("NVIDIA A100-SXM4-40GB", (8, 0), 40 << 30)
     assert [g.index for g in GPUS] == [0, 1, 2]
     assert select(None, []) == [] and select("0", []) == []
+
+
+def query(visible, lib=None, device_order=None):
+    """What CUDA will see, from NVML's list (None: NVML unusable, or the numbering unknown)."""
+    gpus = listed(lib)
+    return None if gpus is None else arrange(visible, gpus, device_order)
 
 
 def test_missing_library_is_none():

@@ -138,6 +138,17 @@ def test_a_module_from_a_library_is_imported_as_torch_does(cuda_like, tmp_path):
     assert mine.value() == theirs.value() == 17
 
 
+@pytest.mark.parametrize("xdg", [None, "/tmp/xdg-elsewhere"])
+def test_the_cache_dir_without_torchs_appdirs_is_the_one_it_gives(xdg, monkeypatch):
+    from torch import _appdirs
+
+    if xdg is None:
+        monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    else:
+        monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+    assert answers.linux_cache_dir("torch_extensions", xdg) == _appdirs.user_cache_dir(appname="torch_extensions")
+
+
 def test_a_torch_it_was_not_checked_against_gets_the_real_module():
     assert answers.offered(torch) == ""  # this CI's torch is one
     for version, hip in (("2.10.0", None), ("2.15.0", None), ("2.13.0", "6.2")):

@@ -72,12 +72,11 @@ class WarmStartSuite(Suite):
         self.variant = "opforge.load"
 
     def env(self, patched: bool) -> dict:
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("OPFORGE_PATCH_TORCH", "TORCH_CUDA_ARCH_LIST", "PYTHONDONTWRITEBYTECODE")}
-        env["TORCH_EXTENSIONS_DIR"] = os.path.join(self.work, "torch")
+        extra = {"TORCH_EXTENSIONS_DIR": os.path.join(self.work, "torch")}
         if patched:
-            env["OPFORGE_PATCH_TORCH"] = "1"
-        return env
+            extra["OPFORGE_PATCH_TORCH"] = "1"
+        return settings_mod.subprocess_env(("OPFORGE_PATCH_TORCH", "TORCH_CUDA_ARCH_LIST", "PYTHONDONTWRITEBYTECODE"),
+                                           **extra)
 
     def impl(self, name: str, role: str, imports: str, patched: bool) -> Impl:
         code = CHILD.format(imports=imports, name="opforge_warm_start", source=self.source)
