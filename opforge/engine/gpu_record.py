@@ -2,7 +2,7 @@
 
 A CUDA extension built with ``TORCH_CUDA_ARCH_LIST`` unset is built for the GPUs the process sees, so its
 key holds their compute capabilities. ``torch.cuda.is_available()`` and ``get_device_capability`` answer
-that by initialising CUDA (184 ms of a 200 ms warm load on the H200 host, and a process that has done so
+that by initialising CUDA (184 ms of a 200 ms warm load on the H200 host, by the issue's profile, and a process that has done so
 can't use CUDA in a child it forks). NVML answers it without CUDA (``opforge/nvml.py``), and its answer is
 recorded in the cache under the GPU set's identity, so that a warm load doesn't pay NVML's own start:
 

@@ -1,6 +1,6 @@
 """What a library asks of ``torch.utils.cpp_extension`` at a warm start, answered without its import.
 
-torch's module costs 0.14 s to import here and 0.40-0.49 s on the H200 host (setuptools, Cython through
+torch's module costs 0.14 s to import here and 0.40-0.49 s on the H200 host by the issue's measure (setuptools, Cython through
 setuptools' ``build_ext``, ``_distutils_hack``; ``torch.cuda.is_available()`` for ``CUDA_HOME``'s warning),
 and a library calls it for a few values before its op is loaded: DeepSpeed reads ``CUDA_HOME`` and calls
 ``verify_ninja_availability()`` before ``load``; StyleGAN's plugins ``_get_build_directory``. Under the patch

@@ -2,7 +2,7 @@
 it alone has is touched.
 
 Under the patch, a library's warm start used to pay for torch's module before opforge's few milliseconds:
-0.14 s here, 0.40-0.49 s on the H200 host (setuptools, Cython, ``_distutils_hack``). What the library asks
+0.14 s here, 0.40-0.49 s on the H200 host as the issue measured (setuptools, Cython, ``_distutils_hack``). What the library asks
 of it at a warm start is a few names (``answers.NAMES``: ``load``, ``CUDA_HOME``,
 ``verify_ninja_availability``, ``_get_build_directory``...). So the import gives a module object of
 :class:`StandIn`, whose ``__dict__`` holds those answers, spec, ``__file__`` and all, as torch's would:
